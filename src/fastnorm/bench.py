@@ -1,0 +1,136 @@
+"""`fastnorm bench`: fastnorm against PyTorch eager and torch.compile on the device present.
+
+Normalization is memory-bound, so every row is also scored against the floor: the bytes it must move
+(x read once, y written once, parameters read once) over the device's measured copy bandwidth.
+Prints progress and a table, writes a JSON document and a PNG chart of % of copy per row.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fastnorm.benchsuite import report, suites
+from fastnorm.benchsuite.cases import OPS
+from fastnorm.benchsuite.chart import write_chart
+from fastnorm.benchsuite.runner import Runner, TimingPlan
+from fastnorm.benchsuite.table import fmt_bytes, format_table
+
+OP_ALIASES = {"ln": "layer_norm", "layernorm": "layer_norm", "rms": "rms_norm", "rmsnorm": "rms_norm",
+              **{op: op for op in OPS}}
+
+# Trial plans: (max trials, min trials, time budget per implementation in ms, warm-up calls).
+PLANS = {("cuda", False): TimingPlan(100, 10, 300.0, 3), ("cuda", True): TimingPlan(30, 5, 100.0, 2),
+         ("cpu", False): TimingPlan(30, 3, 200.0, 2), ("cpu", True): TimingPlan(5, 2, 30.0, 1)}
+SUITE_DTYPES = ("fp32", "bf16")  # the dtypes the suites have rows for
+COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 26}
+
+
+def _choices(allowed, aliases=None):
+    """argparse type for a comma-separated list of names."""
+    aliases = aliases or {name: name for name in allowed}
+
+    def parse(text):
+        names = [n.strip().lower() for n in text.split(",") if n.strip()]
+        bad = [n for n in names if n not in aliases]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)} (choose from {', '.join(allowed)})")
+        return [aliases[n] for n in names]
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fastnorm bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
+    p.add_argument("--suite", type=_choices(suites.SUITES), action="extend",
+                   help=f"only these suites, comma-separated: {', '.join(suites.SUITES)}")
+    p.add_argument("--dtype", type=_choices(SUITE_DTYPES), action="extend",
+                   help=f"only these dtypes: {', '.join(SUITE_DTYPES)}")
+    p.add_argument("--op", type=_choices(OPS, OP_ALIASES), action="extend",
+                   help="only these ops: layer_norm (ln), rms_norm (rms)")
+    p.add_argument("--quick", action="store_true", help="a small subset with fewer trials (~1 min on a GPU)")
+    p.add_argument("--compile", dest="use_compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="time torch.compile too (default: on for cuda, off for cpu)")
+    p.add_argument("--trials", type=int, help="most trials per implementation")
+    p.add_argument("--min-trials", type=int, help="fewest trials per implementation")
+    p.add_argument("--budget-ms", type=float, help="time per implementation that sets the trial count")
+    p.add_argument("--no-flush-l2", dest="flush_l2", action="store_false",
+                   help="do not flush the L2 cache before each trial")
+    p.add_argument("--json", type=Path, help="JSON output (default benchmarks/results/bench-<device>.json)")
+    p.add_argument("--chart", type=Path, help="PNG chart output (default: the JSON path with .png)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    return p
+
+
+def resolve_device(text: str) -> torch.device:
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(text)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("fastnorm bench: --device cuda but torch sees no CUDA device")
+    if device.type not in ("cuda", "cpu"):
+        raise SystemExit(f"fastnorm bench: no suite for device type {device.type!r}")
+    return device
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    device = resolve_device(args.device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    use_compile = device.type == "cuda" if args.use_compile is None else args.use_compile
+    base = PLANS[(device.type, args.quick)]
+    max_trials = args.trials or base.max_trials
+    min_trials = args.min_trials or min(base.min_trials, max_trials)
+    plan = TimingPlan(max_trials, min_trials, args.budget_ms or base.budget_ms, base.warmup, args.flush_l2)
+    cases = suites.select(device.type, quick=args.quick, suites=args.suite, dtypes=args.dtype, ops=args.op)
+    if not cases:
+        log("fastnorm bench: no rows match the filters")
+        return 2
+
+    started = time.perf_counter()
+    name = report.device_name(device)
+    log(f"fastnorm bench on {name} (torch {torch.__version__}): {len(cases)} rows, "
+        f"compile {'on' if use_compile else 'off'}, up to {plan.max_trials} trials")
+    from fastnorm.harness.timing import copy_bandwidth
+
+    copy_bw = copy_bandwidth(device, COPY_BYTES[device.type])
+    log(f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s (device-to-device, read + write)")
+
+    runner = Runner(device, plan, copy_bw, use_compile=use_compile, log=log)
+    rows = []
+    for i, case in enumerate(cases, 1):
+        log(f"[{i}/{len(cases)}] {case.suite}: {case.label} (moves {fmt_bytes(case.minimal_bytes())})")
+        rows.append(runner.run(case))
+
+    log("")
+    log(format_table(rows, markdown=args.markdown))
+    settings = {"quick": args.quick, "compile": use_compile, "max_trials": plan.max_trials,
+                "min_trials": plan.min_trials, "budget_ms": plan.budget_ms, "warmup": plan.warmup,
+                "flush_l2": plan.flush_l2, "copy_bytes": COPY_BYTES[device.type]}
+    doc = report.document(rows, device=device, copy_bw=copy_bw, command=["fastnorm", "bench", *argv],
+                          settings=settings)
+    doc["elapsed_s"] = round(time.perf_counter() - started, 1)
+    json_path = args.json or Path("benchmarks/results") / f"bench-{report.slug(name)}.json"
+    chart_path = args.chart or json_path.with_suffix(".png")
+    report.write_json(doc, json_path)
+    write_chart(rows, chart_path, "fastnorm bench: % of copy bandwidth (higher is better)",
+                f"{name}, torch {torch.__version__}, copy {copy_bw / 1e9:.0f} GB/s")
+    failed = [r.case.label for r in rows if r.status == "failed"]
+    skipped = [f"{r.case.label} ({r.note})" for r in rows if r.status == "skipped"]
+    log(f"\nwrote {json_path} and {chart_path} in {time.perf_counter() - started:.0f} s")
+    if skipped:
+        log(f"skipped: {'; '.join(skipped)}")
+    if failed:
+        log(f"FAILED checks: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

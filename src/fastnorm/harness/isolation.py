@@ -1,0 +1,110 @@
+"""Run one worker in its own process group with a wall-clock limit, and collect what it left behind.
+
+Torch-free: the parent process never imports torch through this module, so it can never hold a CUDA context
+that a candidate's crash could poison. A fresh `python -m fastnorm.harness.worker` (not a fork) per job.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `fastnorm` package
+_POLL_S = 0.05
+
+
+@dataclass
+class ChildOutcome:
+    result: dict | None      # the worker's result JSON, None when it died before writing it
+    returncode: int | None   # negative: killed by that signal; None: we killed it on timeout
+    timed_out: bool
+    stage: str               # the last stage the worker announced
+    log_tail: str            # the end of its stdout + stderr
+    wall_s: float
+
+
+def run_worker(config: dict, workdir: Path, timeout_s: float) -> ChildOutcome:
+    """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths = {"result_path": workdir / "result.json", "progress_path": workdir / "progress.txt",
+             "log_path": workdir / "worker.log"}
+    for path in paths.values():
+        path.unlink(missing_ok=True)
+    config = {**config, **{k: str(v) for k, v in paths.items()}}
+    config_path = workdir / f"config-{config.get('mode', 'job')}.json"
+    config_path.write_text(json.dumps(config, indent=1))
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(_PACKAGE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a segfault leaves a Python traceback in the log
+    ext_dir = workdir / "torch_extensions"  # per candidate: clashing load_inline names must not share builds
+    ext_dir.mkdir(exist_ok=True)
+    env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
+
+    t0 = time.monotonic()
+    with open(paths["log_path"], "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fastnorm.harness.worker", str(config_path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=str(workdir), start_new_session=True)
+        if hasattr(os, "waitid"):
+            timed_out = not _wait_unreaped(proc.pid, timeout_s)
+        else:  # macOS before Python 3.13: reaps first, a tiny window for pid reuse
+            try:
+                proc.wait(timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+        _kill_group(proc.pid)  # also kills stragglers (a hung nvcc, a candidate's own children)
+        returncode = proc.wait()
+    wall = time.monotonic() - t0
+
+    result = None
+    try:
+        result = json.loads(paths["result_path"].read_text())
+    except (OSError, ValueError):
+        pass
+    return ChildOutcome(result=result, returncode=None if timed_out else returncode, timed_out=timed_out,
+                        stage=_last_line(paths["progress_path"]), log_tail=_tail(paths["log_path"]), wall_s=wall)
+
+
+def _wait_unreaped(pid: int, timeout_s: float) -> bool:
+    """Wait for the child to exit without reaping it, so its pid (= the group id) cannot be reused before
+    we kill the rest of its group. Returns False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is not None and info.si_pid == pid:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "start"
+    return lines[-1] if lines else "start"
+
+
+def _tail(path: Path, nbytes: int = 16384) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,658 @@
+// CUDA LayerNorm / RMSNorm forward over (outer, n, inner) views (see norm_params.h).
+//
+// Three kernels, chosen by the planner at the bottom of this file:
+//  * row_norm_kernel       inner == 1, a row handled by a group of threads (1..1024) holding it in
+//                          registers: one read of x, one write of y.
+//  * split_row_norm_kernel inner == 1, long rows: several blocks per row, each holding its slice in
+//                          registers; partial statistics meet through global memory behind a per-row
+//                          barrier (cooperative launch, so every block is resident).
+//  * strided_norm_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
+//                          16-byte accesses, warps along the reduced axis.
+// Rows longer than the register cache are processed in chunks and read twice.
+// Statistics: each thread computes exact (count, mean, M2) of the values it holds, and these are
+// combined with Chan's parallel formula. All values of a row are taken relative to one shift (the
+// row's first element), so merged means stay small and large offsets (x + 1000) cost no precision.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "norm_params.h"
+
+namespace fastnorm {
+
+// Vectors cached in registers per thread: 32 elements for 4-byte types (8 x 16 B), 16 B x 4 for 2- and
+// 8-byte types, which need more registers per element once converted.
+template <typename T> constexpr int kCacheOf = sizeof(T) == 4 ? 8 : 4;
+__host__ __device__ constexpr int cache_vectors(int elem_bytes) { return elem_bytes == 4 ? 8 : 4; }
+constexpr int kMaxRowThreads = 512;  // 128 registers per thread: the cache fits without spills
+
+template <typename T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+
+__device__ __forceinline__ float to_acc(float v) { return v; }
+__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_acc(float v);
+template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <typename T> __device__ __forceinline__ T from_acc(double v) { return static_cast<T>(v); }
+
+__device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
+__device__ __forceinline__ double rsqrt_acc(double v) { return 1.0 / sqrt(v); }
+
+// VEC elements of T moved as one aligned access.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Vec {
+  T v[VEC];
+};
+
+// Loads of x: streaming (read once, evict first) when the data is cached in registers; plain when
+// it will be read again soon and should stay in L2.
+template <bool kStream, typename V>
+__device__ __forceinline__ V load_vec(const V* p) {
+  V out;
+  if constexpr (sizeof(V) == 16) {
+    uint4 r = kStream ? __ldcs(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
+    out = *reinterpret_cast<V*>(&r);
+  } else if constexpr (sizeof(V) == 8) {
+    uint2 r = kStream ? __ldcs(reinterpret_cast<const uint2*>(p)) : *reinterpret_cast<const uint2*>(p);
+    out = *reinterpret_cast<V*>(&r);
+  } else {
+    out = *p;
+  }
+  return out;
+}
+
+template <typename V>
+__device__ __forceinline__ void store_vec(V* p, const V& v) {
+  if constexpr (sizeof(V) == 16) {
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  } else if constexpr (sizeof(V) == 8) {
+    __stcs(reinterpret_cast<uint2*>(p), *reinterpret_cast<const uint2*>(&v));
+  } else {
+    *p = v;
+  }
+}
+
+// Weight and bias of VEC consecutive columns, in 16-byte pieces when aligned. Plain loads (normal
+// L2 priority) while x and y stream with evict-first hints, so L2 keeps the parameters across rows.
+// Not __ldg: the compiler may hoist that intrinsic above the caller's null check of an absent bias.
+template <int VEC, typename W, typename A>
+__device__ __forceinline__ void load_params(const W* p, A (&out)[VEC]) {
+  constexpr int kBytes = int(sizeof(W)) * VEC;
+  if constexpr (VEC > 1 && kBytes % 16 == 0) {
+    constexpr int kPer = 16 / int(sizeof(W));
+#pragma unroll
+    for (int piece = 0; piece < kBytes / 16; ++piece) {
+      const uint4 r = reinterpret_cast<const uint4*>(p)[piece];
+      const W* w = reinterpret_cast<const W*>(&r);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) out[piece * kPer + e] = A(to_acc(w[e]));
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = A(to_acc(p[e]));
+  }
+}
+
+// Running statistics of a set of values. LayerNorm: count, mean, M2 (sum of squared deviations).
+// RMSNorm: count and M2 = sum of squares (mean unused).
+template <typename A>
+struct Stats {
+  A n, mean, m2;
+};
+
+template <typename A>
+__device__ __forceinline__ Stats<A> merge(const Stats<A>& a, const Stats<A>& b, bool rms) {
+  Stats<A> r;
+  r.n = a.n + b.n;
+  if (rms) {
+    r.mean = A(0);
+    r.m2 = a.m2 + b.m2;
+    return r;
+  }
+  if (r.n == A(0)) return a;
+  const A d = b.mean - a.mean;
+  const A wb = b.n / r.n;
+  r.mean = a.mean + d * wb;
+  r.m2 = a.m2 + b.m2 + d * d * a.n * wb;
+  return r;
+}
+
+template <typename A>
+__device__ __forceinline__ Stats<A> shfl_xor(const Stats<A>& s, int offset) {
+  return {__shfl_xor_sync(0xffffffffu, s.n, offset), __shfl_xor_sync(0xffffffffu, s.mean, offset),
+          __shfl_xor_sync(0xffffffffu, s.m2, offset)};
+}
+
+// Combine the statistics of each group of `tpr` consecutive threads (tpr a power of two); every
+// thread of the group gets the result. All threads of the block must call it.
+template <typename A>
+__device__ Stats<A> group_reduce(Stats<A> s, int tpr, bool rms, Stats<A>* smem) {
+  const int width = tpr < 32 ? tpr : 32;
+  for (int off = width / 2; off > 0; off >>= 1) s = merge(s, shfl_xor(s, off), rms);
+  if (tpr <= 32) return s;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warps_per_group = tpr >> 5;
+  __syncthreads();  // smem may still be read by a previous call
+  if (lane == 0) smem[warp] = s;
+  __syncthreads();
+  const int first = warp - warp % warps_per_group;
+  Stats<A> t = lane < warps_per_group ? smem[first + lane] : Stats<A>{A(0), A(0), A(0)};
+  for (int off = 16; off > 0; off >>= 1) t = merge(t, shfl_xor(t, off), rms);
+  return t;
+}
+
+// Exact statistics, relative to `shift`, of the valid values a thread holds (two passes over
+// registers).
+template <typename A, typename T, int VEC, int kCache>
+__device__ __forceinline__ Stats<A> thread_stats(const Vec<T, VEC> (&cache)[kCache], int64_t first,
+                                                 int64_t step, int64_t end, bool rms, A shift) {
+  A n = A(0), sum = A(0);
+#pragma unroll
+  for (int k = 0; k < kCache; ++k) {
+    if (first + k * step < end) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const A v = to_acc(cache[k].v[e]) - shift;
+        sum += rms ? v * v : v;
+      }
+      n += A(VEC);
+    }
+  }
+  if (rms || n == A(0)) return {n, A(0), sum};
+  const A mean = sum / n;
+  A m2 = A(0);
+#pragma unroll
+  for (int k = 0; k < kCache; ++k) {
+    if (first + k * step < end) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const A d = (to_acc(cache[k].v[e]) - shift) - mean;
+        m2 += d * d;
+      }
+    }
+  }
+  return {n, mean, m2};
+}
+
+// y = ((x - shift) - mean) * rstd: mean is relative to the shift the statistics were taken with.
+template <typename A>
+struct Affine {
+  A shift, mean, rstd;
+};
+
+template <typename A>
+__device__ __forceinline__ Affine<A> finalize(const Stats<A>& s, int64_t n, double eps, bool rms, A shift) {
+  const A var = s.m2 / A(n);
+  return {shift, rms ? A(0) : s.mean, rsqrt_acc(var + A(eps))};
+}
+
+// y = (x - mean) * rstd * w + b for one vector whose first element is column `col` of the row.
+template <typename A, typename T, typename W, int VEC>
+__device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const Affine<A>& st,
+                                                     const W* w, const W* b, int64_t col) {
+  A wv[VEC], bv[VEC];
+  if (w) load_params<VEC>(w + col, wv);
+  if (b) load_params<VEC>(b + col, bv);
+  Vec<T, VEC> y;
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    A v = ((to_acc(x.v[e]) - st.shift) - st.mean) * st.rstd;
+    if (w) v *= wv[e];
+    if (b) v += bv[e];
+    y.v[e] = from_acc<T>(v);
+  }
+  return y;
+}
+
+template <typename T, typename W>
+struct RowArgs {
+  const T* x;
+  T* y;
+  const W* w;
+  const W* b;
+  int64_t rows, n, x_stride;  // n and x_stride in elements
+  double eps;
+  int tpr;  // threads per row, a power of two
+  int rms;
+};
+
+// Process the vectors [v0, v1) of one row with a group of `tpr` threads (thread `t` of the group):
+// statistics first, the caller combines them; then `apply` normalizes. Vectors v0 + (k*tpr + t) for
+// k < kCache form one chunk; rows longer than one chunk are read twice.
+template <typename A, typename T, int VEC>
+struct Slice {
+  static constexpr int kCache = kCacheOf<T>;
+  Vec<T, VEC> cache[kCache];
+  int64_t v0, v1;
+  int t, tpr;
+
+  __device__ __forceinline__ Stats<A> stats(const Vec<T, VEC>* xv, bool rms, A shift) {
+    Stats<A> s{A(0), A(0), A(0)};
+    const int64_t chunk = int64_t(kCache) * tpr;
+    for (int64_t c = v0; c < v1; c += chunk) {
+      const bool once = v1 - v0 <= chunk;
+#pragma unroll
+      for (int k = 0; k < kCache; ++k) {
+        const int64_t i = c + int64_t(k) * tpr + t;
+        if (i < v1) cache[k] = once ? load_vec<true>(xv + i) : load_vec<false>(xv + i);
+      }
+      s = merge(s, thread_stats<A>(cache, c + t, tpr, v1, rms, shift), rms);
+    }
+    return s;
+  }
+
+  template <typename W>
+  __device__ __forceinline__ void apply(const Vec<T, VEC>* xv, Vec<T, VEC>* yv, const W* w, const W* b,
+                                        const Affine<A>& st) {
+    const int64_t chunk = int64_t(kCache) * tpr;
+    if (v1 - v0 <= chunk) {
+#pragma unroll
+      for (int k = 0; k < kCache; ++k) {
+        const int64_t i = v0 + int64_t(k) * tpr + t;
+        if (i < v1) store_vec(yv + i, normalize_vec<A>(cache[k], st, w, b, (i - v0) * VEC));
+      }
+      return;
+    }
+    for (int64_t c = v0; c < v1; c += chunk) {
+#pragma unroll
+      for (int k = 0; k < kCache; ++k) {
+        const int64_t i = c + int64_t(k) * tpr + t;
+        if (i < v1) cache[k] = load_vec<true>(xv + i);
+      }
+#pragma unroll
+      for (int k = 0; k < kCache; ++k) {
+        const int64_t i = c + int64_t(k) * tpr + t;
+        if (i < v1) store_vec(yv + i, normalize_vec<A>(cache[k], st, w, b, (i - v0) * VEC));
+      }
+    }
+  }
+};
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(kMaxRowThreads, 1) row_norm_kernel(RowArgs<T, W> a) {
+  using A = typename AccOf<T>::type;
+  __shared__ Stats<A> smem[32];
+  const int tpr = a.tpr, rows_per_block = blockDim.x / tpr;
+  const int group = threadIdx.x / tpr;
+  const bool rms = a.rms;
+  const int64_t nvec = a.n / VEC;
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows;
+       base += int64_t(gridDim.x) * rows_per_block) {
+    const int64_t row = base + group;
+    const bool active = row < a.rows;
+    const auto* xv = reinterpret_cast<const Vec<T, VEC>*>(a.x + (active ? row : 0) * a.x_stride);
+    auto* yv = reinterpret_cast<Vec<T, VEC>*>(a.y + (active ? row : 0) * a.n);
+    const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
+    Slice<A, T, VEC> slice{{}, 0, active ? nvec : 0, int(threadIdx.x % tpr), tpr};
+    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, smem);
+    if (active) slice.apply(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
+  }
+}
+
+// Split rows: `g` blocks per row, `slots` rows in flight; block `blockIdx.x` works on slot
+// blockIdx.x / g, slice blockIdx.x % g, for rows slot, slot + slots, ... (one wave each).
+struct SplitWorkspace {
+  unsigned int* arrivals;  // per slot, grows by g every wave
+  void* partials;          // [2][slots][g] Stats, double-buffered by wave parity
+};
+
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(kMaxRowThreads, 1) split_row_norm_kernel(RowArgs<T, W> a, int g, int slots,
+                                                              SplitWorkspace ws) {
+  using A = typename AccOf<T>::type;
+  __shared__ Stats<A> smem[32];
+  __shared__ Affine<A> row_affine;
+  const bool rms = a.rms;
+  const int slot = blockIdx.x / g, part = blockIdx.x % g;
+  if (slot >= slots) return;  // whole block leaves: it takes part in no barrier
+  const int64_t nvec = a.n / VEC;
+  const int64_t per_block = (nvec + g - 1) / g;
+  const int64_t v0 = min(nvec, part * per_block), v1 = min(nvec, v0 + per_block);
+  auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
+  int wave = 0;
+  for (int64_t row = slot; row < a.rows; row += slots, ++wave) {
+    const auto* xv = reinterpret_cast<const Vec<T, VEC>*>(a.x + row * a.x_stride);
+    auto* yv = reinterpret_cast<Vec<T, VEC>*>(a.y + row * a.n);
+    const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
+    Slice<A, T, VEC> slice{{}, v0, v1, int(threadIdx.x), int(blockDim.x)};
+    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), blockDim.x, rms, smem);
+    Stats<A>* mine = partials + (size_t(wave & 1) * slots + slot) * g;
+    if (threadIdx.x == 0) {
+      mine[part] = s;
+      __threadfence();
+      atomicAdd(ws.arrivals + slot, 1u);
+      const unsigned int target = unsigned(g) * unsigned(wave + 1);
+      while (load_acquire(ws.arrivals + slot) < target) __nanosleep(64);
+    }
+    __syncthreads();
+    Stats<A> total{A(0), A(0), A(0)};
+    for (int i = threadIdx.x; i < g; i += blockDim.x) {
+      const Stats<A> p{__ldcg(&mine[i].n), __ldcg(&mine[i].mean), __ldcg(&mine[i].m2)};
+      total = merge(total, p, rms);
+    }
+    total = group_reduce(total, blockDim.x, rms, smem);
+    if (threadIdx.x == 0) row_affine = finalize(total, a.n, a.eps, rms, shift);
+    __syncthreads();
+    // Column offsets in apply() are relative to v0: shift the parameters instead.
+    slice.apply(xv, yv, a.w ? a.w + v0 * VEC : a.w, a.b ? a.b + v0 * VEC : a.b, row_affine);
+  }
+}
+
+template <typename T, typename W>
+struct StridedArgs {
+  const T* x;
+  T* y;
+  const W* w;
+  const W* b;
+  int64_t outer, n, inner, x_outer_stride;
+  double eps;
+  int tx;  // threads along inner; blockDim.x / tx threads along the reduced axis
+  int rms;
+};
+
+// One tile = all n reduced elements of tx*VEC consecutive inner positions of one outer index.
+// Thread (ty, lane) holds channels ty, ty + tyn, ... (kCache of them per chunk).
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(256, 1) strided_norm_kernel(StridedArgs<T, W> a) {
+  using A = typename AccOf<T>::type;
+  using V = Vec<T, VEC>;
+  constexpr int kCache = kCacheOf<T>;
+  extern __shared__ unsigned char smem_raw[];
+  auto* red = reinterpret_cast<Stats<A>*>(smem_raw);  // [tyn][tx * VEC]
+  const bool rms = a.rms;
+  const int tx = a.tx, tyn = blockDim.x / tx;
+  const int lane = threadIdx.x % tx, ty = threadIdx.x / tx;
+  const int64_t cols = int64_t(tx) * VEC;
+  const int64_t tiles_per_outer = (a.inner + cols - 1) / cols;
+  const int64_t tiles = a.outer * tiles_per_outer;
+  const int64_t chunk = int64_t(kCache) * tyn;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t o = tile / tiles_per_outer;
+    const int64_t col = (tile % tiles_per_outer) * cols + int64_t(lane) * VEC;
+    const bool active = col < a.inner;
+    const T* xo = a.x + o * a.x_outer_stride + (active ? col : 0);
+    T* yo = a.y + o * a.n * a.inner + (active ? col : 0);
+    V cache[kCache];
+    Stats<A> s[VEC];
+    A shift[VEC];  // channel 0 of each column, shared by all threads of the column
+    V first;
+    if (active && !rms) first = *reinterpret_cast<const V*>(xo);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      s[e] = {A(0), A(0), A(0)};
+      shift[e] = (active && !rms) ? A(to_acc(first.v[e])) : A(0);
+    }
+    const bool once = a.n <= chunk;
+    for (int64_t c = 0; c < a.n; c += chunk) {
+#pragma unroll
+      for (int k = 0; k < kCache; ++k) {
+        const int64_t j = c + int64_t(k) * tyn + ty;
+        if (active && j < a.n) {
+          const V* p = reinterpret_cast<const V*>(xo + j * a.inner);
+          cache[k] = once ? load_vec<true>(p) : load_vec<false>(p);
+        }
+      }
+      // Exact per-column statistics of this chunk, merged into the running ones.
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        A cnt = A(0), sum = A(0);
+#pragma unroll
+        for (int k = 0; k < kCache; ++k) {
+          if (active && c + int64_t(k) * tyn + ty < a.n) {
+            const A v = to_acc(cache[k].v[e]) - shift[e];
+            sum += rms ? v * v : v;
+            cnt += A(1);
+          }
+        }
+        Stats<A> cs{cnt, A(0), sum};
+        if (!rms && cnt > A(0)) {
+          const A mean = sum / cnt;
+          A m2 = A(0);
+#pragma unroll
+          for (int k = 0; k < kCache; ++k) {
+            if (active && c + int64_t(k) * tyn + ty < a.n) {
+              const A d = (to_acc(cache[k].v[e]) - shift[e]) - mean;
+              m2 += d * d;
+            }
+          }
+          cs = {cnt, mean, m2};
+        }
+        s[e] = merge(s[e], cs, rms);
+      }
+    }
+    // Tree-combine across ty in shared memory; row ty == 0 ends with the totals.
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) red[ty * cols + lane * VEC + e] = s[e];
+    __syncthreads();
+    for (int half = tyn / 2; half > 0; half >>= 1) {
+      if (ty < half) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int idx = ty * cols + lane * VEC + e;
+          red[idx] = merge(red[idx], red[idx + half * cols], rms);
+        }
+      }
+      __syncthreads();
+    }
+    Affine<A> st[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) st[e] = finalize(red[lane * VEC + e], a.n, a.eps, rms, shift[e]);
+    if (!active) continue;
+    for (int64_t c = 0; c < a.n; c += chunk) {
+      if (!once) {
+#pragma unroll
+        for (int k = 0; k < kCache; ++k) {
+          const int64_t j = c + int64_t(k) * tyn + ty;
+          if (j < a.n) cache[k] = load_vec<true>(reinterpret_cast<const V*>(xo + j * a.inner));
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kCache; ++k) {
+        const int64_t j = c + int64_t(k) * tyn + ty;
+        if (j < a.n) {
+          const A wj = a.w ? A(to_acc(a.w[j])) : A(1);
+          const A bj = a.b ? A(to_acc(a.b[j])) : A(0);
+          V out;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            out.v[e] = from_acc<T>(((to_acc(cache[k].v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj);
+          }
+          store_vec(reinterpret_cast<V*>(yo + j * a.inner), out);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planner and launchers.
+
+struct Device {
+  int sms = 0;
+  int coop = 0;
+};
+
+static Device device_info() {
+  static Device cache[64];
+  int dev = 0;
+  cudaGetDevice(&dev);
+  Device& d = cache[dev & 63];
+  if (d.sms == 0) {
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&d.coop, cudaDevAttrCooperativeLaunch, dev);
+  }
+  return d;
+}
+
+static int pow2_at_least(int64_t v) {
+  int p = 1;
+  while (p < v && p < (1 << 30)) p <<= 1;
+  return p;
+}
+
+static bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+static int elem_size(int dtype) { return dtype == FN_F64 ? 8 : dtype == FN_F32 ? 4 : 2; }
+
+// Vector width of the last-dim kernels: 16 bytes when every pointer and row start allows it.
+static int row_vec(const NormParams& p) {
+  const int vec = 16 / elem_size(p.dtype);
+  const bool ok = aligned16(p.x) && aligned16(p.y) && aligned16(p.weight) && aligned16(p.bias) &&
+                  p.n % vec == 0 && p.x_outer_stride % vec == 0;
+  return ok ? vec : 1;
+}
+
+static int split_threads(const NormParams& p) { return p.threads > 0 ? p.threads : kMaxRowThreads; }
+
+// Blocks per row wanted for a last-dim call (1: one thread group per row, no split). Rows longer than
+// one block's register cache are split; so are rows of a few-row call, to use the whole chip.
+static int64_t wanted_blocks_per_row(const NormParams& p, int vec, int sms) {
+  if (p.blocks_per_row > 0) return p.blocks_per_row;
+  const int kCache = cache_vectors(elem_size(p.dtype));
+  const int64_t nvec = p.n / vec;
+  const bool few_rows = p.outer < sms;
+  if (nvec <= int64_t(kMaxRowThreads) * kCache && !(few_rows && nvec >= 4096)) return 1;
+  const int64_t per_block = int64_t(split_threads(p)) * kCache;
+  int64_t g = (nvec + per_block - 1) / per_block;
+  if (few_rows) {
+    const int64_t spread = (int64_t(sms) * 2) / p.outer, min_slice = nvec / 1024;
+    const int64_t want = spread < min_slice ? spread : min_slice;
+    if (want > g) g = want;
+  }
+  return g;
+}
+
+// How a last-dim call is split. blocks_per_row == 1: row kernel.
+struct RowPlan {
+  int tpr, threads, blocks_per_row, slots, grid;
+};
+
+template <typename T, typename W, int VEC>
+static RowPlan plan_rows(const NormParams& p) {
+  constexpr int kCache = kCacheOf<T>;
+  const Device dev = device_info();
+  const int64_t nvec = p.n / VEC;
+  int64_t g = wanted_blocks_per_row(p, VEC, dev.sms);
+  if (g > 1 && dev.coop) {
+    const int threads = split_threads(p);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC>, threads, 0);
+    const int64_t resident = int64_t(per_sm) * dev.sms;
+    if (resident >= 1) {
+      if (g > resident) g = resident;  // slices longer than the register cache are read twice
+      int64_t slots = resident / g;
+      if (slots > p.outer) slots = p.outer;
+      return RowPlan{threads, threads, int(g), int(slots), int(slots * g)};
+    }
+  }
+  int tpr = p.threads > 0 ? p.threads : pow2_at_least((nvec + kCache / 2 - 1) / (kCache / 2));
+  if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
+  const int threads = tpr >= 256 ? tpr : 256;
+  const int64_t rows_per_block = threads / tpr;
+  const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
+  const int64_t cap = int64_t(dev.sms) * 64;
+  return RowPlan{tpr, threads, 1, 0, int(blocks < cap ? blocks : cap)};
+}
+
+template <typename T, typename W, int VEC>
+static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
+  const RowPlan plan = plan_rows<T, W, VEC>(p);
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms};
+  if (plan.grid == 0) return nullptr;
+  if (plan.blocks_per_row == 1) {
+    row_norm_kernel<T, W, VEC><<<plan.grid, plan.threads, 0, stream>>>(a);
+  } else {
+    using A = typename AccOf<T>::type;
+    const int64_t need = int64_t(plan.slots) * 16 + int64_t(2) * plan.slots * plan.blocks_per_row * sizeof(Stats<A>);
+    if (p.workspace == nullptr || p.workspace_bytes < need) return "split-row workspace missing or too small";
+    SplitWorkspace ws{static_cast<unsigned int*>(p.workspace),
+                      static_cast<unsigned char*>(p.workspace) + int64_t(plan.slots) * 16};
+    int g = plan.blocks_per_row, slots = plan.slots;
+    void* args[] = {&a, &g, &slots, &ws};
+    cudaError_t err = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(split_row_norm_kernel<T, W, VEC>),
+                                                  dim3(plan.grid), dim3(plan.threads), args, 0, stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, typename W, int VEC>
+static const char* launch_strided(const NormParams& p, cudaStream_t stream) {
+  using A = typename AccOf<T>::type;
+  const Device dev = device_info();
+  const int64_t inner_vec = (p.inner + VEC - 1) / VEC;
+  const int threads = 256;
+  int tx = pow2_at_least(inner_vec);
+  if (tx > 32) tx = 32;
+  // Narrower tiles, more threads along the reduced axis, until it fits the register cache (one read).
+  while (tx > 4 && int64_t(threads / tx) * kCacheOf<T> < p.n) tx /= 2;
+  StridedArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                      static_cast<const W*>(p.bias), p.outer, p.n, p.inner, p.x_outer_stride, p.eps, tx, p.rms};
+  const int64_t cols = int64_t(tx) * VEC;
+  const int64_t tiles = p.outer * ((p.inner + cols - 1) / cols);
+  const int64_t cap = int64_t(dev.sms) * 256;
+  const size_t smem = size_t(threads) * VEC * sizeof(Stats<A>);
+  strided_norm_kernel<T, W, VEC><<<int(tiles < cap ? tiles : cap), threads, smem, stream>>>(a);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, typename W>
+static const char* dispatch_layout(const NormParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (p.inner == 1) return row_vec(p) > 1 ? launch_rows<T, W, kVec>(p, stream) : launch_rows<T, W, 1>(p, stream);
+  const bool vec_ok = aligned16(p.x) && aligned16(p.y) && p.inner % kVec == 0 && p.x_outer_stride % kVec == 0;
+  return vec_ok ? launch_strided<T, W, kVec>(p, stream) : launch_strided<T, W, 1>(p, stream);
+}
+
+template <typename T>
+static const char* dispatch_weight(const NormParams& p, cudaStream_t stream) {
+  if (p.wdtype == FN_NONE || p.wdtype == p.dtype) return dispatch_layout<T, T>(p, stream);
+  if (p.wdtype == FN_F32) return dispatch_layout<T, float>(p, stream);
+  return "weight dtype must match the input or be float32";
+}
+
+}  // namespace fastnorm
+
+int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
+  using namespace fastnorm;
+  if (p.inner != 1 || p.outer == 0 || p.n == 0) return 0;
+  const Device dev = device_info();
+  if (!dev.coop || wanted_blocks_per_row(p, row_vec(p), dev.sms) <= 1) return 0;
+  // Bound for any split plan: every resident block may own a slot (a 16-byte counter) and writes
+  // two partial statistics (double-buffered).
+  const int64_t max_blocks = int64_t(dev.sms) * (2048 / split_threads(p) + 1);
+  return max_blocks * 16 + 2 * max_blocks * int64_t(sizeof(Stats<double>));
+}
+
+const char* fastnorm_cuda_forward(const NormParams& p, void* stream_ptr) {
+  using namespace fastnorm;
+  if (p.outer == 0 || p.n == 0 || p.inner == 0) return nullptr;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (p.dtype) {
+    case FN_F32: return dispatch_weight<float>(p, stream);
+    case FN_F16: return dispatch_weight<__half>(p, stream);
+    case FN_BF16: return dispatch_weight<__nv_bfloat16>(p, stream);
+    case FN_F64:
+      if (p.wdtype != FN_NONE && p.wdtype != FN_F64) return "float64 input needs float64 weight";
+      return dispatch_layout<double, double>(p, stream);
+    default: return "unsupported dtype";
+  }
+}

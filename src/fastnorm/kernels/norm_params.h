@@ -1,0 +1,33 @@
+// Plain description of one normalization call, shared by the CPU and CUDA kernels.
+// Deliberately free of PyTorch headers so that kernel sources compile fast.
+//
+// x is viewed as (outer, n, inner): the statistics of each (o, i) pair are taken over the n
+// elements j = 0..n-1, which sit `inner` elements apart. inner == 1 is the usual last-dim norm;
+// inner > 1 is a norm over a non-trailing axis (e.g. the channels of an NCHW tensor).
+// Element (o, j, i) of x is at x[o * x_outer_stride + j * inner + i]; y is contiguous.
+// Weight and bias, when present, hold n contiguous elements indexed by j.
+#pragma once
+#include <stdint.h>
+
+enum FastnormDtype { FN_F32 = 0, FN_F16 = 1, FN_BF16 = 2, FN_F64 = 3, FN_NONE = -1 };
+
+struct NormParams {
+  const void* x;
+  void* y;
+  const void* weight;  // may be null
+  const void* bias;    // may be null (always null for RMSNorm)
+  int64_t outer;
+  int64_t n;
+  int64_t inner;
+  int64_t x_outer_stride;
+  int dtype;   // FastnormDtype of x and y
+  int wdtype;  // FastnormDtype of weight and bias, FN_NONE when neither is given
+  int rms;     // 1: y = x * rsqrt(mean(x^2) + eps) [* w];  0: LayerNorm
+  double eps;
+  // Tuning overrides, 0 = let the planner choose.
+  int threads;         // threads per block
+  int blocks_per_row;  // CUDA split-row kernel: blocks cooperating on one row
+  // Scratch space for the CUDA split-row kernel, zero-filled by the caller.
+  void* workspace;
+  int64_t workspace_bytes;
+};

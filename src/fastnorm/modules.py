@@ -1,0 +1,58 @@
+"""Drop-in modules: same constructor arguments, attributes and state_dict as torch.nn's."""
+import numbers
+
+import torch
+from torch import nn
+
+from fastnorm.ops.functional import layer_norm, rms_norm
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch.nn.LayerNorm on fastnorm kernels; `dim` normalizes over other dims than the trailing ones."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=None, *, dim=None):
+        kwargs = {"bias": bias} if "bias" in nn.LayerNorm.__init__.__code__.co_varnames else {}
+        if not bias and not kwargs:  # torch < 2.1 has no bias switch
+            raise TypeError("LayerNorm(bias=False) needs torch >= 2.1")
+        super().__init__(normalized_shape, eps, elementwise_affine, device=device, dtype=dtype, **kwargs)
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        extra = super().extra_repr()
+        return extra if self.dim is None else f"{extra}, dim={self.dim}"
+
+
+class RMSNorm(nn.Module):
+    """torch.nn.RMSNorm on fastnorm kernels; `dim=1` normalizes the channels of NCHW inputs natively."""
+
+    __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine: bool = True, device=None, dtype=None,
+                 *, dim=None):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.dim = dim
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        extra = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        return extra if self.dim is None else f"{extra}, dim={self.dim}"

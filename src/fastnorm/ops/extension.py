@@ -1,0 +1,84 @@
+"""Builds (once per machine, cached) and loads the compiled kernels for a device type."""
+import hashlib
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from fastnorm import kernels
+
+_lock = threading.Lock()
+_loaded = {}
+
+
+def _flags(device_type: str):
+    cflags = ["-O3"] + [f"-D{d}" for d in kernels.DEFINES[device_type]]
+    if device_type == "cpu" and sys.platform != "darwin":
+        cflags.append("-fopenmp")
+    cuda_flags = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+    ldflags = ["-fopenmp"] if device_type == "cpu" and sys.platform != "darwin" else []
+    return cflags, cuda_flags, ldflags
+
+
+def _build_root() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return Path(root)
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory("fastnorm", verbose=False)).parent
+
+
+def extension_name(device_type: str) -> str:
+    """Name of the build: changes whenever a source, a flag or the torch version changes."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in kernels.sources(device_type) + [kernels.KERNELS_DIR / "norm_params.h"]:
+        digest.update(path.read_bytes())
+    digest.update(repr(_flags(device_type)).encode())
+    if device_type == "cuda":
+        digest.update(repr(os.environ.get("TORCH_CUDA_ARCH_LIST")).encode())
+    return f"fastnorm_{device_type}_{digest.hexdigest()[:12]}"
+
+
+def load(device_type: str):
+    """The extension module for `device_type` ("cpu" or "cuda"), building it on first use."""
+    module = _loaded.get(device_type)
+    if module is not None:
+        return module
+    with _lock:
+        if device_type not in _loaded:
+            _loaded[device_type] = _build(device_type)
+    return _loaded[device_type]
+
+
+def _build(device_type: str):
+    from torch.utils import cpp_extension
+
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("fastnorm: CUDA kernels requested but torch sees no CUDA device")
+    name = extension_name(device_type)
+    build_dir = _build_root() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    fresh = not any(build_dir.glob(f"{name}*.so")) and not any(build_dir.glob(f"{name}*.pyd"))
+    if fresh:
+        print(f"fastnorm: building the {device_type} kernels in {build_dir} (first use only)...",
+              file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    cflags, cuda_flags, ldflags = _flags(device_type)
+    module = cpp_extension.load(
+        name=name,
+        sources=[str(p) for p in kernels.sources(device_type)],
+        extra_cflags=cflags,
+        extra_cuda_cflags=cuda_flags + [f"-D{d}" for d in kernels.DEFINES[device_type]],
+        extra_ldflags=ldflags,
+        extra_include_paths=[str(kernels.KERNELS_DIR)],
+        build_directory=str(build_dir),
+        verbose=os.environ.get("FASTNORM_VERBOSE_BUILD") == "1",
+    )
+    if fresh:
+        print(f"fastnorm: {device_type} kernels built in {time.perf_counter() - start:.1f} s",
+              file=sys.stderr, flush=True)
+    return module

@@ -1,0 +1,67 @@
+"""Argument checks run before any kernel: bad input gets a clear Python exception, never a crash."""
+import numbers
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _as_shape(normalized_shape) -> tuple:
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    try:
+        return tuple(int(s) for s in normalized_shape)
+    except TypeError:
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
+
+
+def check_input(x, op: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"fastnorm.{op}: expected a torch.Tensor input, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"fastnorm.{op}: input dtype {x.dtype} is not supported "
+                        "(float32, float16, bfloat16 or float64)")
+
+
+def norm_dims(x: torch.Tensor, normalized_shape, dim, op: str):
+    """The dims [begin, end) to normalize over, from `normalized_shape` (trailing) or `dim`."""
+    check_input(x, op)
+    if dim is None:
+        if normalized_shape is None:
+            raise ValueError(f"fastnorm.{op}: give normalized_shape (trailing dims) or dim")
+        shape = _as_shape(normalized_shape)
+        if len(shape) == 0 or len(shape) > x.dim() or tuple(x.shape[x.dim() - len(shape):]) != shape:
+            raise ValueError(f"fastnorm.{op}: given normalized_shape={list(shape)}, expected input with "
+                             f"shape [*, {', '.join(map(str, shape))}], but got input of size {list(x.shape)}")
+        return x.dim() - len(shape), x.dim()
+    dims = (dim,) if isinstance(dim, numbers.Integral) else tuple(dim)
+    if not dims or x.dim() == 0:
+        raise ValueError(f"fastnorm.{op}: dim={dim!r} is empty or the input is a scalar")
+    resolved = []
+    for d in dims:
+        if not isinstance(d, numbers.Integral) or not -x.dim() <= d < x.dim():
+            raise IndexError(f"fastnorm.{op}: dim {d!r} is out of range for a tensor of rank {x.dim()}")
+        resolved.append(int(d) % x.dim())
+    begin, end = min(resolved), max(resolved) + 1
+    if sorted(resolved) != list(range(begin, end)):
+        raise ValueError(f"fastnorm.{op}: dims {dims} must be distinct and consecutive")
+    if normalized_shape is not None and _as_shape(normalized_shape) != tuple(x.shape[begin:end]):
+        raise ValueError(f"fastnorm.{op}: normalized_shape={list(_as_shape(normalized_shape))} does not match "
+                         f"the sizes {list(x.shape[begin:end])} of dims {dims}")
+    return begin, end
+
+
+def check_affine(x: torch.Tensor, begin: int, end: int, op: str, **params) -> None:
+    """Weight and bias must have the normalized shape, a float dtype and x's device."""
+    expected = tuple(x.shape[begin:end])
+    for name, t in params.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"fastnorm.{op}: {name} must be a tensor or None, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"fastnorm.{op}: {name} dtype {t.dtype} is not supported")
+        if tuple(t.shape) != expected:
+            raise ValueError(f"fastnorm.{op}: {name} has shape {list(t.shape)}, expected {list(expected)}")
+        if t.device != x.device:
+            raise ValueError(f"fastnorm.{op}: {name} is on {t.device} but the input is on {x.device}")

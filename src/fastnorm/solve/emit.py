@@ -1,0 +1,322 @@
+"""Write the single-file solution: the reference's Model class turned into ModelNew, plus inline kernels.
+
+ModelNew is the reference's own class text with its name changed and its forward replaced by the
+rewritten one, so the constructor signature, the submodules and parameters (state_dict keys) and every
+non-norm op stay exactly the reference's. Module-level names the class uses (imports, helpers,
+constants) are copied along; nothing else from the reference file is.
+"""
+import ast
+import hashlib
+import inspect
+import math
+import re
+import symtable
+import sys
+from typing import Optional
+
+from fastnorm.solve import fused_helpers
+from fastnorm.solve.problem import ReferenceProblem, UnsupportedProblem
+from fastnorm.solve.rewrite import ForwardCode
+
+EXTENSION_FUNCTIONS = ["norm_forward"]
+# Compiler flags of the inline build. The sources #define what they need, so no -D flags here.
+CFLAGS = {"cpu": ["-O3", "-fopenmp"], "cuda": ["-O3"]}
+LDFLAGS = {"cpu": ["-fopenmp"], "cuda": []}
+CUDA_CFLAGS = ["-O3", "--expt-relaxed-constexpr"]
+
+_PROBLEM_ONLY = {"get_inputs", "get_init_inputs"}
+# Module-level names of the solution file itself.
+RESERVED_NAMES = {"THREADS", "BLOCKS_PER_ROW", "_ext", "_CPP_SOURCE", "_CUDA_SOURCE", "load_inline", "ModelNew"} | set(
+    fused_helpers.HELPERS)
+
+
+def _stdlib_modules() -> set:
+    names = set(getattr(sys, "stdlib_module_names", ()))
+    return names | set(sys.builtin_module_names) | {"__future__"}
+
+
+def _allowed_module(name: str) -> bool:
+    top = name.split(".")[0]
+    return top == "torch" or top in _stdlib_modules()
+
+
+# ----------------------------------------------------------------------------------------------
+# The reference's Model class, renamed and with a new forward
+
+
+def _model_class(problem: ReferenceProblem) -> ast.ClassDef:
+    for node in problem.tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            return node
+    raise UnsupportedProblem("Model is not defined by a `class Model` statement in the reference file "
+                             "(fastnorm solve copies that class's constructor into ModelNew)")
+
+
+def _forward_def(cls: ast.ClassDef) -> ast.FunctionDef:
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "forward":
+            return node
+    raise UnsupportedProblem("class Model defines no forward method of its own")
+
+
+def forward_signature(problem: ReferenceProblem) -> str:
+    """The reference's `def forward(...) -> ...:` line, normalized by ast."""
+    fn = _forward_def(_model_class(problem))
+    returns = f" -> {ast.unparse(fn.returns)}" if fn.returns else ""
+    return f"def forward({ast.unparse(fn.args)}){returns}:"
+
+
+def _first_line(node) -> int:
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+
+
+def model_new_class(problem: ReferenceProblem, forward: ForwardCode) -> str:
+    """Text of `class ModelNew`: the reference's class, renamed, with `forward` replaced."""
+    cls = _model_class(problem)
+    fn = _forward_def(cls)
+    lines = problem.source.splitlines()
+    first = _first_line(cls)
+    # Occurrences of the name `Model` inside the class (super(Model, self), ...), outside forward.
+    renames = [(n.lineno, n.col_offset) for n in ast.walk(cls)
+               if isinstance(n, ast.Name) and n.id == "Model" and not (_first_line(fn) <= n.lineno <= fn.end_lineno)]
+    text = {i: lines[i - 1] for i in range(first, cls.end_lineno + 1)}
+    for lineno, col in sorted(renames, reverse=True):
+        raw = text[lineno].encode()  # ast columns count UTF-8 bytes
+        text[lineno] = (raw[:col] + b"ModelNew" + raw[col + len("Model"):]).decode()
+    header = text[cls.lineno]
+    at = header.index("class Model") + len("class ")
+    text[cls.lineno] = header[:at] + "ModelNew" + header[at + len("Model"):]
+    indent = " " * fn.col_offset
+    new_forward = [indent + line if line else "" for line in forward.source.rstrip("\n").splitlines()]
+    out = []
+    for lineno in range(first, cls.end_lineno + 1):
+        if lineno == _first_line(fn):
+            out.extend(new_forward)
+        elif _first_line(fn) < lineno <= fn.end_lineno:
+            continue
+        else:
+            out.append(text[lineno])
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Module-level names the class needs
+
+
+def _free_names(source: str) -> set:
+    """Global names a piece of module-level code reads (over-approximated: unknown names are ignored)."""
+    found = set()
+
+    def walk(table):
+        for sym in table.get_symbols():
+            if not sym.is_referenced():
+                continue
+            if table.get_type() == "function" and sym.is_global():
+                found.add(sym.get_name())
+            elif table.get_type() != "function" and not sym.is_assigned() and not sym.is_imported():
+                found.add(sym.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(symtable.symtable(source, "<solution>", "exec"))
+    return found
+
+
+def _bound_names(stmt) -> set:
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {stmt.name}
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _is_main_guard(stmt) -> bool:
+    return isinstance(stmt, ast.If) and "__name__" in ast.unparse(stmt.test)
+
+
+def _segment(problem: ReferenceProblem, stmt) -> str:
+    lines = problem.source.splitlines()
+    return "\n".join(lines[_first_line(stmt) - 1: stmt.end_lineno])
+
+
+def module_context(problem: ReferenceProblem, needed: set) -> tuple:
+    """(future imports, imports, other statements) of the reference file that define the `needed` names,
+    transitively, in file order. Refuses imports of anything but torch and the standard library."""
+    statements = [s for s in problem.tree.body
+                  if not (isinstance(s, ast.ClassDef) and s.name == "Model")
+                  and not (isinstance(s, ast.FunctionDef) and s.name in _PROBLEM_ONLY)
+                  and not _is_main_guard(s)]
+    keep = set()
+    pending = set(needed)
+    while pending:
+        name = pending.pop()
+        for i, stmt in enumerate(statements):
+            if i not in keep and name in _bound_names(stmt):
+                keep.add(i)
+                pending |= _free_names(_segment(problem, stmt)) if not isinstance(stmt, (ast.Import, ast.ImportFrom)) else set()
+    future = [_segment(problem, s) for s in problem.tree.body
+              if isinstance(s, ast.ImportFrom) and s.module == "__future__"]
+    imports, kept = [], []
+    for i in sorted(keep):
+        stmt = statements[i]
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            continue
+        modules = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else \
+            [stmt.module or ""] if isinstance(stmt, ast.ImportFrom) else []
+        for module in modules:
+            if (isinstance(stmt, ast.ImportFrom) and stmt.level) or not _allowed_module(module):
+                raise UnsupportedProblem(
+                    f"the reference's Model needs `{ast.unparse(stmt)}`; a solution file may import only torch "
+                    "and the Python standard library")
+        (imports if modules else kept).append(_segment(problem, stmt))
+    return future, imports, kept
+
+
+def _import_for(name: str, obj) -> Optional[str]:
+    """An import statement that binds `name` to `obj` (a global of fx-generated code), if one exists."""
+    if isinstance(obj, type(sys)):
+        if not _allowed_module(obj.__name__):
+            return None
+        return f"import {obj.__name__}" if obj.__name__ == name else f"import {obj.__name__} as {name}"
+    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
+        return f"{name} = float({str(obj)!r})"
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if obj is type(None):
+        return f"{name} = type(None)"
+    if module and qualname and "." not in qualname and _allowed_module(module):
+        public = {"torch.device": "torch", "torch.dtype": "torch"}.get(f"{module}.{qualname}", module)
+        return (f"from {public} import {qualname}" if qualname == name
+                else f"from {public} import {qualname} as {name}")
+    return None
+
+
+def forward_globals(problem: ReferenceProblem, forward: ForwardCode) -> tuple:
+    """(import lines, reference names) that define the non-torch globals of an fx-generated forward.
+    Functions of the reference module keep their own names (the forward source is edited to match)."""
+    imports, names = [], set()
+    for name, obj in forward.globals.items():
+        if getattr(obj, "__module__", None) == problem.module.__name__ and hasattr(obj, "__name__"):
+            names.add(obj.__name__)
+            if obj.__name__ != name:
+                forward.source = re.sub(rf"\b{re.escape(name)}\b", obj.__name__, forward.source)
+            continue
+        line = _import_for(name, obj)
+        if line is None:
+            raise UnsupportedProblem(f"the rewritten forward needs {name!r} ({obj!r}), which a self-contained "
+                                     "solution cannot import")
+        imports.append(line)
+    return imports, names
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel sources and their build
+
+
+def _string_literal(text: str) -> str:
+    """A readable literal: a raw triple-quoted string when the text allows one."""
+    if '"""' not in text and not text.endswith(("\\", '"')) and "\r" not in text:
+        return 'r"""' + text + '"""'
+    return "(\n" + "".join(f"    {line!r}\n" for line in text.splitlines(keepends=True)) + ")"
+
+
+def extension_name(device_type: str, cpp: str, cuda: Optional[str]) -> str:
+    """Build name with a hash of everything that goes into the build: solutions with different kernels
+    never share a cached build, identical ones share it."""
+    digest = hashlib.sha256()
+    for part in (device_type, cpp, cuda or "", repr(CFLAGS[device_type]), repr(CUDA_CFLAGS),
+                 repr(LDFLAGS[device_type]), repr(EXTENSION_FUNCTIONS)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return f"fastnorm_solution_{device_type}_{digest.hexdigest()[:16]}"
+
+
+def kernel_block(device_type: str, kernel_sources=None) -> str:
+    """Kernel source strings and the load_inline call that builds `_ext` from them."""
+    if kernel_sources is None:
+        from fastnorm.kernels import inline_sources
+
+        kernel_sources = inline_sources(device_type)
+    cpp, cuda = kernel_sources
+    name = extension_name(device_type, cpp, cuda)
+    lines = [
+        f"# ---- {device_type.upper()} kernels (fastnorm), all #includes inlined " + "-" * 40,
+        "",
+        f"_CPP_SOURCE = {_string_literal(cpp)}",
+        "",
+    ]
+    if cuda:
+        lines += [f"_CUDA_SOURCE = {_string_literal(cuda)}", ""]
+    lines += [
+        "# Built on first import and cached by torch under TORCH_EXTENSIONS_DIR. The name carries a hash",
+        "# of the sources and flags, so different kernels never reuse each other's build.",
+        "_ext = load_inline(",
+        f"    name={name!r},",
+        "    cpp_sources=[_CPP_SOURCE],",
+        f"    cuda_sources={'[_CUDA_SOURCE]' if cuda else '[]'},",
+        f"    functions={EXTENSION_FUNCTIONS!r},",
+        f"    extra_cflags={CFLAGS[device_type]!r},",
+    ]
+    if cuda:
+        lines.append(f"    extra_cuda_cflags={CUDA_CFLAGS!r},")
+    if LDFLAGS[device_type]:
+        lines.append(f"    extra_ldflags={LDFLAGS[device_type]!r},")
+    lines += ["    verbose=False,", ")", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _config_text(value: int) -> str:
+    return f"{value}" + ("  # 0: the kernel's own choice" if value == 0 else "")
+
+
+def render_solution(problem: ReferenceProblem, forward: ForwardCode, matches: list, device_type: str, *,
+                    threads: int = 0, blocks_per_row: int = 0, tuned_on: str = "",
+                    kernel_sources=None, extension_code: Optional[str] = None) -> str:
+    """The whole solution file. `extension_code` replaces the kernel block (tests use a stub)."""
+    reference_imports, reference_names = forward_globals(problem, forward)
+    class_text = model_new_class(problem, forward)
+    needed = (_free_names(class_text) | reference_names) - set(fused_helpers.HELPERS)
+    future, context_imports, context = module_context(problem, needed)
+    clashes = set()
+    for text in context_imports + context:
+        for stmt in ast.parse(text).body:
+            clashes |= _bound_names(stmt) & RESERVED_NAMES
+    if clashes:
+        raise UnsupportedProblem(f"the reference defines {', '.join(sorted(clashes))} at module level, which the "
+                                 "solution file uses for its own kernel code")
+
+    summary = "\n".join(f"  - {m.written_as} -> {m.helper}: {m.kind} over {m.dims_text}, traced on {m.x.describe()}"
+                        for m in matches)
+    tuned = f" (chosen by timing on {tuned_on})" if tuned_on else ""
+    docstring = (
+        f'"""ModelNew for {problem.path.name}, written by `fastnorm solve`.\n\n'
+        "Same constructor, submodules and parameters as the reference's Model; its normalizations run on\n"
+        "fused kernels compiled inline with torch.utils.cpp_extension.load_inline (needs only PyTorch):\n"
+        f"{summary}\n"
+        "Everything else in forward is the reference's own computation.\n"
+        '"""')
+    imports = []
+    for line in ["import torch"] + context_imports + reference_imports + [
+            "from torch.utils.cpp_extension import load_inline"]:
+        if line.strip() not in imports:
+            imports.append(line.strip())
+
+    parts = ["\n\n".join([docstring] + future + ["\n".join(imports)])]
+    if context:
+        parts.append("\n\n".join(context))
+    parts.append(
+        f"# Kernel launch configuration{tuned}; every fused call below uses it.\n"
+        f"THREADS = {_config_text(threads)}\n"
+        f"BLOCKS_PER_ROW = {_config_text(blocks_per_row)}")
+    helper_sources = [inspect.getsource(fused_helpers.HELPERS[name]).rstrip() for name in forward.helpers]
+    parts.append("\n\n\n".join(helper_sources))
+    parts.append(class_text.rstrip())
+    parts.append((extension_code if extension_code is not None
+                  else kernel_block(device_type, kernel_sources)).rstrip())
+    return "\n\n\n".join(p for p in parts if p) + "\n"

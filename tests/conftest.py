@@ -1,0 +1,76 @@
+"""Shared test helpers: CUDA auto-skip, a fresh logged seed per test, float64 reference comparisons."""
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+# Worst error allowed, relative to the output's scale (max |reference|, at least 1), per output dtype.
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def fresh_seed():
+    """Fresh random inputs on every run, with the seed printed so a failure can be replayed."""
+    seed = random.randrange(2**31)
+    torch.manual_seed(seed)
+    print(f"torch seed {seed}")
+    yield seed
+
+
+def _channels_last(fn, x, dims, *args):
+    """Apply a trailing-dims reference `fn` over the consecutive `dims` of x by moving them last."""
+    begin, end = dims
+    moved = x.movedim(tuple(range(begin, end)), tuple(range(x.dim() - (end - begin), x.dim())))
+    return fn(moved, *args).movedim(tuple(range(x.dim() - (end - begin), x.dim())), tuple(range(begin, end)))
+
+
+def _wide(t):
+    return None if t is None else t.double()
+
+
+def reference_layer_norm(x, normalized_shape=None, weight=None, bias=None, eps=1e-5, dim=None):
+    """PyTorch's layer_norm computed in float64 (over trailing dims, or over the consecutive dims `dim`)."""
+    if dim is None:
+        return F.layer_norm(x.double(), tuple(normalized_shape), _wide(weight), _wide(bias), eps)
+    begin, end = _dim_range(x, dim)
+    return _channels_last(lambda t: F.layer_norm(t, x.shape[begin:end], _wide(weight), _wide(bias), eps),
+                          x.double(), (begin, end))
+
+
+def reference_rms_norm(x, normalized_shape=None, weight=None, eps=None, dim=None):
+    """PyTorch's rms_norm computed in float64; eps None means finfo(x.dtype).eps, like the real thing."""
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    if dim is None:
+        return F.rms_norm(x.double(), tuple(normalized_shape), _wide(weight), eps)
+    begin, end = _dim_range(x, dim)
+    return _channels_last(lambda t: F.rms_norm(t, x.shape[begin:end], _wide(weight), eps),
+                          x.double(), (begin, end))
+
+
+def _dim_range(x, dim):
+    dims = sorted(d % x.dim() for d in ((dim,) if isinstance(dim, int) else dim))
+    return dims[0], dims[-1] + 1
+
+
+def assert_matches_reference(actual, expected, dtype=None):
+    """`actual` (any float dtype) equals the float64 `expected` within TOLERANCE of its dtype, NaN for NaN."""
+    dtype = dtype or actual.dtype
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    if expected.numel() == 0:
+        return
+    a, e = actual.double(), expected.double()
+    assert torch.equal(a.isnan(), e.isnan()), "NaN positions differ"
+    finite = ~e.isnan()
+    scale = max(1.0, e[finite].abs().max().item()) if finite.any() else 1.0
+    err = (a[finite] - e[finite]).abs().max().item() / scale if finite.any() else 0.0
+    assert err <= TOLERANCE[dtype], f"max error {err:.3g} (relative to scale {scale:.3g}) > {TOLERANCE[dtype]:g}"

@@ -1,0 +1,85 @@
+"""`fastnorm bench` end to end on this machine's CPU (real fastnorm kernels, real timing), plus its
+argument handling; and a short GPU run where a GPU exists."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_bench_png import read_png
+
+import fastnorm
+from fastnorm import bench
+from fastnorm.benchsuite import report, suites
+
+SRC = Path(fastnorm.__file__).resolve().parents[1]
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def test_cpu_quick_suite_end_to_end(tmp_path):
+    json_path, png_path = tmp_path / "r" / "cpu.json", tmp_path / "c" / "cpu.png"
+    proc = subprocess.run([sys.executable, "-m", "fastnorm", "bench", "--device", "cpu", "--quick",
+                           "--json", str(json_path), "--chart", str(png_path)],
+                          capture_output=True, text=True, timeout=1200, env=_env())
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    expected = suites.select("cpu", quick=True)
+    assert f"[1/{len(expected)}]" in out and f"[{len(expected)}/{len(expected)}]" in out
+    assert "copy bandwidth:" in out and "fastnorm us" in out and "vs eager" in out
+
+    doc = json.loads(json_path.read_text())
+    assert doc["device_type"] == "cpu" and doc["copy_bandwidth_gbs"] > 0
+    assert doc["command"] == ["fastnorm", "bench", "--device", "cpu", "--quick", "--json", str(json_path),
+                              "--chart", str(png_path)]
+    assert [(r["op"], r["dtype"], r["shape"]) for r in doc["rows"]] == \
+        [(c.op, c.dtype, list(c.shape)) for c in expected]
+    for row in doc["rows"]:
+        assert row["status"] == "ok" and row["check"]["ok"] is True, row
+        for name in ("fastnorm", "eager"):
+            impl = row["impls"][name]
+            assert impl["median_us"] > 0 and impl["min_us"] <= impl["median_us"] and impl["pct_copy"] > 0
+        assert row["impls"]["compile"]["median_us"] is None  # compile is off by default on CPU
+        assert row["speedup_vs_eager"] > 0 and row["speedup_vs_compile"] is None
+    width, height, _ = read_png(png_path.read_bytes())
+    assert width > 700 and height > 100 + 30 * len(expected)
+
+
+def test_default_output_paths_and_filters(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rc = bench.main(["--device", "cpu", "--quick", "--suite", "latency", "--op", "rms", "--dtype", "bf16",
+                     "--markdown"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    name = report.slug(report.device_name(torch.device("cpu")))
+    json_path = tmp_path / "benchmarks" / "results" / f"bench-{name}.json"
+    doc = json.loads(json_path.read_text())
+    assert [r["shape"] for r in doc["rows"]] == [[32, 4096]]
+    assert json_path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| latency | rms_norm" in out
+
+
+def test_bad_arguments_exit_with_usage_errors(capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--suite", "nope"])
+    assert info.value.code == 2
+    assert bench.main(["--device", "cpu", "--suite", "latency", "--dtype", "fp32"]) == 2  # no rows match
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            bench.main(["--device", "cuda"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_latency_rows_end_to_end(tmp_path):
+    json_path = tmp_path / "gpu.json"
+    rc = bench.main(["--quick", "--suite", "latency", "--no-compile", "--json", str(json_path)])
+    doc = json.loads(json_path.read_text())
+    assert rc == 0 and doc["device_type"] == "cuda" and doc["copy_bandwidth_gbs"] > 100
+    assert all(r["check"]["ok"] and r["impls"]["fastnorm"]["median_us"] > 0 for r in doc["rows"])

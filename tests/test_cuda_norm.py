@@ -1,0 +1,240 @@
+"""CUDA kernels against float64 references: every dtype, layout and kernel path (needs a GPU)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastnorm
+from fastnorm.ops import extension
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+DEV = "cuda"
+# Max |out - ref| allowed, relative to max(1, |ref|): rounding of the output dtype plus fp32 statistics.
+TOL = {torch.float32: 2e-5, torch.float64: 1e-10, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def reference(x, begin, end, weight=None, bias=None, eps=1e-5, rms=False):
+    """float64 result of LayerNorm / RMSNorm over dims [begin, end)."""
+    xd = x.double()
+    dims = tuple(range(begin, end))
+    if rms:
+        y = xd * torch.rsqrt(xd.pow(2).mean(dims, keepdim=True) + eps)
+    else:
+        mean = xd.mean(dims, keepdim=True)
+        y = (xd - mean) * torch.rsqrt((xd - mean).pow(2).mean(dims, keepdim=True) + eps)
+    shape = tuple(x.shape[begin:end]) + (1,) * (x.dim() - end)
+    if weight is not None:
+        y = y * weight.double().reshape(shape)
+    if bias is not None:
+        y = y + bias.double().reshape(shape)
+    return y
+
+
+def poison_allocator(like):
+    """Leave a NaN-filled block in the caching allocator, so an unwritten output element shows as NaN."""
+    junk = torch.full((like.numel(),), float("nan"), dtype=like.dtype, device=DEV)
+    del junk
+
+
+def check(out, ref, dtype, x=None):
+    """Scaled error within TOL. Inputs far from zero (x + 1000) must meet the same bound: statistics are
+    taken relative to a shift, so the offset costs no precision (a naive sum/sum-of-squares variance is
+    off by ~1e-2 there); only beyond |x| ~ 1000 does the bound grow with max|x|."""
+    assert out.dtype == dtype
+    assert out.shape == ref.shape
+    assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten or overflowed elements)"
+    tol = TOL[dtype] * (max(1.0, x.abs().max().item() / 1000) if x is not None else 1.0)
+    err = (out.double() - ref).abs() / ref.abs().clamp(min=1.0)
+    assert err.max().item() <= tol, f"max scaled error {err.max().item():.3g} > {tol:.3g}"
+
+
+def run_op(x, begin, end, weight, bias, eps, rms):
+    poison_allocator(x)
+    if rms:
+        return fastnorm.rms_norm(x, None, weight, eps, dim=tuple(range(begin, end)))
+    return fastnorm.layer_norm(x, None, weight, bias, eps, dim=tuple(range(begin, end)))
+
+
+def make(shape, dtype, kind, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    if kind == "rand":
+        x = torch.rand(shape, device=DEV, generator=g, dtype=torch.float32)
+    else:
+        x = torch.randn(shape, device=DEV, generator=g, dtype=torch.float32)
+        if kind == "offset":
+            x = x + 1000.0
+    return x.to(dtype)
+
+
+def params(n_shape, dtype, affine, seed):
+    if not affine:
+        return None, None
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    w = (torch.rand(n_shape, device=DEV, generator=g) + 0.5).to(dtype)
+    b = torch.randn(n_shape, device=DEV, generator=g).to(dtype)
+    return w, b
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 4096), (8, 4097),
+              (4, 12288), (2, 65536), (3, 100003), (1, 262144), (33, 8192), (130, 2048)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+def test_last_dim(shape, dtype, rms):
+    for i, kind in enumerate(["randn", "rand", "offset"]):
+        if kind == "offset" and (rms or dtype in (torch.float16, torch.bfloat16)):
+            continue  # RMS of x+1000 is ~1 everywhere; half types cannot hold 1000 + small noise
+        x = make(shape, dtype, kind, seed=hash((shape, i)) % 1000)
+        w, b = params(shape[-1:], dtype, affine=i != 1, seed=i)
+        b = None if rms else b
+        out = run_op(x, x.dim() - 1, x.dim(), w, b, 1e-5, rms)
+        check(out, reference(x, x.dim() - 1, x.dim(), w, b, 1e-5, rms), dtype, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("n", [2**20, 2**22 + 12, 2**24])
+def test_long_rows(n, dtype, rms):
+    rows = 3 if n < 2**24 else 2
+    x = make((rows, n), dtype, "randn" if rms else "offset" if dtype == torch.float32 else "rand", seed=n % 97)
+    w, b = params((n,), dtype, True, seed=3)
+    b = None if rms else b
+    check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 64, 32, 32), (2, 1, 8, 8), (3, 100, 3, 5), (2, 300, 16, 16),
+                                   (1, 8, 1, 1), (2, 48, 7, 64)])
+def test_channel_axis(shape, dtype, rms):
+    x = make(shape, dtype, "randn", seed=sum(shape))
+    w, b = params(shape[1:2], dtype, True, seed=7)
+    b = None if rms else b
+    check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype)
+
+
+def test_channel_axis_offset_fp32():
+    x = make((4, 64, 16, 16), torch.float32, "offset", seed=5)
+    check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2, None, None, 1e-5, False), torch.float32, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp32_params_with_half_input(dtype):
+    x = make((33, 4096), dtype, "randn", seed=11)
+    w, b = params((4096,), torch.float32, True, seed=2)
+    check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype)
+    xc = make((2, 64, 8, 8), dtype, "randn", seed=12)
+    wc, _ = params((64,), torch.float32, True, seed=3)
+    check(run_op(xc, 1, 2, wc, None, 1e-6, True), reference(xc, 1, 2, wc, None, 1e-6, True), dtype)
+
+
+def test_multi_dim_trailing_and_middle():
+    x = make((3, 4, 5, 6, 7), torch.float32, "randn", seed=1)
+    w, b = params((5, 6), torch.float32, True, seed=1)
+    check(run_op(x, 2, 4, w, b, 1e-5, False), reference(x, 2, 4, w, b), torch.float32)
+    w3, b3 = params((5, 6, 7), torch.float32, True, seed=2)
+    out = fastnorm.layer_norm(x, (5, 6, 7), w3, b3)
+    check(out, reference(x, 2, 5, w3, b3), torch.float32)
+
+
+@pytest.mark.parametrize("view", ["transpose", "row_slice", "col_slice", "expand", "offset_storage"])
+def test_non_contiguous(view):
+    base = make((64, 96), torch.float32, "randn", seed=4)
+    x = {"transpose": lambda: base.t(), "row_slice": lambda: base[::3],
+         "col_slice": lambda: base[:, 1:81], "expand": lambda: base[:1].expand(16, 96),
+         "offset_storage": lambda: base.flatten()[1:1 + 63 * 96].view(63, 96)}[view]()
+    n = x.shape[-1]
+    w, b = params((n,), torch.float32, True, seed=5)
+    check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), torch.float32)
+    check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), torch.float32)
+
+
+def test_channels_last_input():
+    x = make((2, 32, 8, 8), torch.float32, "randn", seed=9).to(memory_format=torch.channels_last)
+    check(run_op(x, 1, 2, None, None, 1e-5, True), reference(x, 1, 2, None, None, 1e-5, True), torch.float32)
+
+
+@pytest.mark.parametrize("threads,blocks", [(128, 0), (512, 0), (256, 4), (512, 16), (64, 3), (32, 200)])
+def test_forced_configs(threads, blocks):
+    """Tuning overrides (used by the solver) must never change the result."""
+    ext = extension.load("cuda")
+    x = make((6, 50000), torch.float32, "offset", seed=threads + blocks)
+    w, b = params((50000,), torch.float32, True, seed=1)
+    for rms in (False, True):
+        poison_allocator(x)
+        out = ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, threads, blocks)
+        check(out, reference(x, 1, 2, w, None if rms else b, 1e-5, rms), torch.float32, x)
+
+
+def test_empty_and_cuda_graph():
+    empty = torch.empty(0, 8, device=DEV)
+    assert fastnorm.layer_norm(empty, (8,)).shape == (0, 8)
+    x = make((16, 1 << 20), torch.float32, "randn", seed=2)  # split-row kernel (cooperative launch)
+    w, b = params((1 << 20,), torch.float32, True, seed=2)
+    static_out = fastnorm.layer_norm(x, (1 << 20,), w, b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fastnorm.layer_norm(x, (1 << 20,), w, b)
+    x.copy_(make((16, 1 << 20), torch.float32, "rand", seed=3))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(static_out, reference(x, 1, 2, w, b), torch.float32)
+
+
+def test_seed_layer_norm_problem_matches_pytorch():
+    """The seeds' own check: torch.allclose(out, ref, atol=1e-5) against nn.LayerNorm."""
+    torch.manual_seed(0)
+    ref_model = torch.nn.LayerNorm((64, 256, 256)).to(DEV)
+    with torch.no_grad():
+        ref_model.weight.uniform_(0.5, 1.5)
+        ref_model.bias.normal_()
+    ours = fastnorm.LayerNorm((64, 256, 256)).to(DEV)
+    ours.load_state_dict(ref_model.state_dict())
+    for kind in ("randn", "rand"):
+        x = make((16, 64, 256, 256), torch.float32, kind, seed=1)
+        with torch.no_grad():
+            assert torch.allclose(ours(x), ref_model(x), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_seed_rms_norm_problem_matches_pytorch():
+    x = make((112, 64, 512, 512), torch.float32, "randn", seed=3)
+    out = fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
+    ref = x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+    assert torch.allclose(out, ref, atol=1e-5)
+    del ref
+    # float64 check on a slice of the batch (the whole float64 copy would not fit)
+    check(out[:4], reference(x[:4], 1, 2, None, None, 1e-5, True), torch.float32)
+
+
+@pytest.mark.slow
+def test_over_2_31_elements_bf16():
+    rows, n = (1 << 16) + 3, 1 << 15  # 2**31 + 98304 elements, 4.3 GB in bf16
+    assert rows * n > 2**31
+    x = make((rows, n), torch.bfloat16, "randn", seed=8)
+    w, b = params((n,), torch.bfloat16, True, seed=8)
+    out = fastnorm.layer_norm(x, (n,), w, b)
+    for start in (0, rows // 2, rows - 4096):  # float64 references of pieces, the last rows included
+        sl = slice(start, start + 4096)
+        check(out[sl], reference(x[sl], 1, 2, w, b), torch.bfloat16)
+    del out
+    outc = fastnorm.rms_norm(x.view(rows, 32, 1024), None, None, 1e-5, dim=1)  # channel path > 2**31
+    for start in (0, rows - 64):
+        sl = slice(start, start + 64)
+        check(outc[sl], reference(x.view(rows, 32, 1024)[sl], 1, 2, None, None, 1e-5, True), torch.bfloat16)
+
+
+def test_matches_pytorch_rounding_last_dim():
+    """Against PyTorch's own fp32 kernels: the seeds' atol=1e-5 criterion on common shapes."""
+    for shape in [(16384 // 64, 4096), (64, 16384)]:
+        x = make(shape, torch.float32, "randn", seed=1)
+        w, b = params(shape[-1:], torch.float32, True, seed=1)
+        assert torch.allclose(fastnorm.layer_norm(x, shape[-1:], w, b), F.layer_norm(x, shape[-1:], w, b), atol=1e-5)
+        if hasattr(F, "rms_norm"):
+            assert torch.allclose(fastnorm.rms_norm(x, shape[-1:], w, 1e-5),
+                                  F.rms_norm(x, shape[-1:], w, 1e-5), atol=1e-5)

@@ -1,0 +1,153 @@
+"""`fastnorm eval` on a CUDA GPU: the five real-world seed candidates, the CUDA-only cheats (side streams,
+stale freed memory, illegal memory access) and the guarantee that the evaluating process never touches CUDA.
+
+Run on an H100: pytest tests/test_harness_gpu.py -m "cuda and not slow" (about 6 minutes, mostly nvcc builds).
+"""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastnorm.harness import evaluate
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = Path(__file__).resolve().parents[1].parent / "shared" / "seeds" / "solutions"
+LAYER_NORM = REPO / "problems" / "layer_norm_16x64x256x256.py"
+RMS_NORM = REPO / "problems" / "rms_norm_112x64x512x512.py"
+CANDIDATES = Path(__file__).resolve().parent / "candidates"
+
+
+def cand(name: str) -> str:
+    return str(CANDIDATES / f"{name}.py")
+
+
+def seed(i: int) -> Path:
+    path = SEEDS / f"seed{i:03d}_modelnew.py"
+    if not path.is_file():
+        pytest.skip(f"seed solutions not found in {SEEDS}")
+    return path
+
+
+def gpu_memory_used_mib() -> int | None:
+    """Device memory in use by anyone, from nvidia-smi (the test process itself must not create a context)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                         capture_output=True, text=True)
+    return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def test_seed_layer_norm_candidates():
+    report = evaluate(LAYER_NORM, [seed(i) for i in range(4)], device="cuda", trials=2, perf_trials=5, timeout=500,
+                      compile_baseline=True)
+    r = {Path(x.candidate).stem[:7]: x for x in report.results}
+    for ok in ("seed000", "seed002"):
+        assert r[ok].verdict == "ok", r[ok].message
+        assert r[ok].max_abs_err < 1e-3 and r[ok].speedup < 1  # correct but slower than eager
+    assert r["seed001"].verdict == "load_error"
+    assert "load_inline()" in r["seed001"].message and "cpp_sources" in r["seed001"].message
+    assert "seed001_modelnew.py:" in r["seed001"].message
+    assert r["seed003"].verdict == "load_error"
+    assert "load_inline()" in r["seed003"].message and "'extra_cuda_flags'" in r["seed003"].message
+    assert report.baseline.compiled_timing is not None, report.baseline.compile_error
+    assert r["seed000"].speedup_vs_compiled is not None
+    assert report.baseline.device.startswith("cuda") and report.baseline.copy_bw > 5e11  # an H100 copies > 0.5 TB/s
+
+
+def test_seed_rms_norm_compile_error():
+    report = evaluate(RMS_NORM, [seed(4)], device="cuda", trials=1, perf_trials=5, timeout=500)
+    r = report.results[0]
+    assert r.verdict == "compile_error"
+    assert 'identifier "Features" is undefined' in r.message and "rms_norm" in r.message
+    assert report.baseline.min_bytes == 2 * 112 * 64 * 512 * 512 * 4
+
+
+ADVERSARIAL = ["good_layer_norm", "side_stream", "side_stream_extra_work", "stale_output", "returns_reference_output",
+               "inplace_alias", "mutates_input", "memoized_fast", "background_thread", "monkeypatches_reference",
+               "oob_write_cuda", "good_layer_norm", "segfault", "out_of_memory", "wrong_output", "wrong_shape",
+               "raises_in_forward", "degrades_after_warmup"]
+
+
+@pytest.fixture(scope="module")
+def adversarial():
+    cuda_was_initialized = torch.cuda.is_initialized()
+    memory_before = gpu_memory_used_mib()
+    report = evaluate(LAYER_NORM, list(map(cand, ADVERSARIAL)), device="cuda", trials=2, perf_trials=10,
+                      timeout=300)
+    return report, cuda_was_initialized, memory_before
+
+
+def test_adversarial_verdicts_on_cuda(adversarial):
+    report = adversarial[0]
+    r = report.results
+    by = lambda name, k=0: [x for x, n in zip(r, ADVERSARIAL) if n == name][k]
+    assert by("good_layer_norm").verdict == "ok", by("good_layer_norm").message
+    assert by("good_layer_norm").max_abs_err <= 1e-5
+
+    side = by("side_stream")
+    assert side.verdict == "cheating" and "still being written after forward returned" in side.message
+    extra = by("side_stream_extra_work")
+    assert extra.verdict == "cheating" and "another stream" in extra.message, extra.message
+    stale = by("stale_output")
+    assert stale.verdict == "wrong_output" and "freed memory the harness had overwritten" in stale.message
+    assert by("returns_reference_output").verdict == "cheating"
+    assert "the reference's output" in by("returns_reference_output").message
+    assert by("inplace_alias").verdict == "cheating" and "aliases input #0" in by("inplace_alias").message
+    assert by("mutates_input").verdict == "cheating" and "modified input #0" in by("mutates_input").message
+    memo = by("memoized_fast")
+    assert memo.verdict == "cheating" and "physical floor" in memo.message, memo.message
+    assert by("background_thread").verdict == "cheating"
+    assert by("monkeypatches_reference").verdict == "cheating"
+
+    oob = by("oob_write_cuda")
+    assert oob.verdict == "runtime_error" and "illegal memory access" in oob.message, oob.message
+    assert by("good_layer_norm", 1).verdict == "ok"  # a poisoned context in one worker harms no other
+    assert by("segfault").verdict == "runtime_error" and "SIGSEGV" in by("segfault").message
+    assert by("out_of_memory").verdict == "runtime_error" and "out of memory" in by("out_of_memory").message
+    assert by("wrong_output").verdict == "wrong_output" and "worst at output #0[" in by("wrong_output").message
+    assert by("wrong_shape").verdict == "wrong_shape"
+    assert by("raises_in_forward").verdict == "runtime_error"
+    assert by("degrades_after_warmup").verdict == "wrong_output" and "after timing" in by("degrades_after_warmup").message
+
+
+def test_evaluating_process_never_touches_cuda(adversarial):
+    report, cuda_was_initialized, memory_before = adversarial
+    if not cuda_was_initialized:
+        assert not torch.cuda.is_initialized()  # every CUDA call happened in the workers
+    memory_after = gpu_memory_used_mib()
+    if memory_before is not None and memory_after is not None:
+        assert memory_after <= memory_before + 256, (memory_before, memory_after)  # workers gone, memory freed
+
+
+def test_good_candidate_timing_is_consistent(adversarial):
+    report = adversarial[0]
+    good = report.results[0]
+    t = good.cand_timing
+    assert t["min_ms"] <= t["median_ms"] <= t["q3_ms"]
+    assert t["device_tail_ms"] < report.baseline.ref_timing["device_tail_ms"] + 0.05  # no hidden work
+    assert 0.5 < good.speedup < 2.0  # the same torch LayerNorm as the reference
+    assert 10 < good.pct_of_copy_bw < 133
+
+
+def test_scrubbing_is_what_stops_stale_outputs():
+    """Without overwriting freed memory, `return torch.empty_like(x)` passes the correctness trial: the allocator
+    hands it the reference's freed output. (The adversarial test shows it fails with the defence on.)"""
+    report = evaluate(LAYER_NORM, [cand("stale_output")], device="cuda", trials=1, perf_trials=3, timeout=300,
+                      floor_check=False, scrub_freed_memory=False)
+    r = report.results[0]
+    assert r.verdict == "ok" or "after timing" in r.message, r.message
+
+
+@pytest.mark.slow
+def test_a_hundred_candidates_leak_nothing():
+    memory_before = gpu_memory_used_mib()
+    report = evaluate(CANDIDATES / "ref_layer_norm_small.py", [cand("good_layer_norm")] * 100, device="cuda",
+                      trials=1, perf_trials=1, warmup=1, timeout=120)
+    assert all(r.verdict == "ok" for r in report.results)
+    memory_after = gpu_memory_used_mib()
+    if memory_before is not None and memory_after is not None:
+        assert memory_after <= memory_before + 256
