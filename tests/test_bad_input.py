@@ -43,10 +43,7 @@ def test_normalized_shape_of_wrong_type(no_kernels, ns):
         fastnorm.layer_norm(torch.randn(2, 3), ns)
 
 
-# torch raises TypeError for these; validate._as_shape applies int() to every element, so "3" -> (3,)
-# and [3.5] -> (3,) are accepted today.
-@pytest.mark.xfail(strict=True, reason="validate._as_shape accepts a str and truncates float elements; "
-                                       "remove this mark once it rejects them like torch")
+# torch raises TypeError for these: a string or float elements are not a shape.
 @pytest.mark.parametrize("ns", ["3", [3.5], [3.0]], ids=str)
 def test_normalized_shape_of_non_int_elements(no_kernels, ns):
     with raises(TypeError, "normalized_shape"):

@@ -110,7 +110,7 @@ def test_long_rows(n, dtype, rms):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 64, 32, 32), (2, 1, 8, 8), (3, 100, 3, 5), (2, 300, 16, 16),
-                                   (1, 8, 1, 1), (2, 48, 7, 64)])
+                                   (1, 8, 1, 1), (2, 48, 7, 64), (2, 2000, 4, 4), (2, 1200, 1, 3)])
 def test_channel_axis(shape, dtype, rms):
     x = make(shape, dtype, "randn", seed=sum(shape))
     w, b = params(shape[1:2], dtype, True, seed=7)

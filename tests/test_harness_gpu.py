@@ -3,6 +3,7 @@ stale freed memory, illegal memory access) and the guarantee that the evaluating
 
 Run on an H100: pytest tests/test_harness_gpu.py -m "cuda and not slow" (about 6 minutes, mostly nvcc builds).
 """
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +16,10 @@ from fastnorm.harness import evaluate
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 REPO = Path(__file__).resolve().parents[1]
-SEEDS = Path(__file__).resolve().parents[1].parent / "shared" / "seeds" / "solutions"
+# The seeds sit beside the checkout (../shared); a copy can be pointed at with FASTNORM_SEEDS (the GPU
+# machine receives only the repository).
+SEEDS = Path(os.environ.get("FASTNORM_SEEDS") or
+             Path(__file__).resolve().parents[1].parent / "shared" / "seeds" / "solutions")
 LAYER_NORM = REPO / "problems" / "layer_norm_16x64x256x256.py"
 RMS_NORM = REPO / "problems" / "rms_norm_112x64x512x512.py"
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
@@ -130,7 +134,7 @@ def test_good_candidate_timing_is_consistent(adversarial):
     assert t["min_ms"] <= t["median_ms"] <= t["q3_ms"]
     assert t["device_tail_ms"] < report.baseline.ref_timing["device_tail_ms"] + 0.05  # no hidden work
     assert 0.5 < good.speedup < 2.0  # the same torch LayerNorm as the reference
-    assert 10 < good.pct_of_copy_bw < 133
+    assert 0.5 < good.pct_of_copy_bw < 133  # eager LayerNorm runs the seed problem at ~2% of copy
 
 
 def test_scrubbing_is_what_stops_stale_outputs():

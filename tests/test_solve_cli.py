@@ -5,6 +5,7 @@ build cached under TORCH_EXTENSIONS_DIR) and `fastnorm eval` builds them once mo
 directory, so there are only two end-to-end runs; recognition is covered by test_solve_recognize.py.
 """
 import pytest
+import torch
 
 from fastnorm.solve import SolveFailed, solve
 from fastnorm.solve.cli import main
@@ -78,3 +79,10 @@ def test_solve_keeps_other_layers_and_writes_only_verified_files(tmp_path):
         solve(problem, rejected, device="cpu", tune_trials=3, log=lines.append,
               verify=lambda *a, **k: Verification(False, "wrong_output: made up"))
     assert not rejected.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without a GPU")
+def test_cuda_requested_without_a_gpu(tmp_path, capsys):
+    out = tmp_path / "solution.py"
+    assert main([str(PROBLEMS_DIR / "rms_norm_channels.py"), "-o", str(out), "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err and not out.exists()

@@ -36,6 +36,12 @@ class FakeSolution:
         return TimingStats(ms, ms, ms, ms, ms, trials)
 
 
+@pytest.fixture(autouse=True)
+def healthy_device(monkeypatch):
+    """The fake runs on the CPU even when it claims cuda: no CUDA context to probe after an error."""
+    monkeypatch.setattr(tuning, "_device_usable", lambda device: True)
+
+
 def run(times, target=None, wrong=(), refused=(), device_type="cuda"):
     module = types.SimpleNamespace(THREADS=-1, BLOCKS_PER_ROW=-1)
     solution = FakeSolution(module, times, wrong, refused)
@@ -104,3 +110,10 @@ def test_outputs_match_checks_dtype_shape_and_values():
     assert "max abs difference" in tuning.outputs_match(a, a + 1e-3)
     half = a.bfloat16()
     assert tuning.outputs_match(half, (a * (1 + 2 ** -9)).bfloat16()) is None
+
+
+def test_a_poisoned_device_ends_the_search(monkeypatch):
+    configs = tuning.candidate_configs("cuda")
+    monkeypatch.setattr(tuning, "_device_usable", lambda device: False)
+    _, _, best, trials, _ = run({(0, 0): 5.0}, refused=[configs[1]])
+    assert len(trials) == 2 and trials[1].error and (best.threads, best.blocks_per_row) == (0, 0)

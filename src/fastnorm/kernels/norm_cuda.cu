@@ -1,14 +1,15 @@
 // CUDA LayerNorm / RMSNorm forward over (outer, n, inner) views (see norm_params.h).
 //
 // Three kernels, chosen by the planner at the bottom of this file:
-//  * row_norm_kernel       inner == 1, a row handled by a group of threads (1..1024) holding it in
-//                          registers: one read of x, one write of y.
-//  * split_row_norm_kernel inner == 1, long rows: several blocks per row, each holding its slice in
-//                          registers; partial statistics meet through global memory behind a per-row
-//                          barrier (cooperative launch, so every block is resident).
+//  * row_norm_kernel       inner == 1, a row handled by a group of threads (1..512) keeping it in
+//                          shared memory: one read of x, one write of y, few registers, so several
+//                          rows are in flight on each SM.
+//  * split_row_norm_kernel inner == 1, long rows: several blocks per row, each keeping its slice in
+//                          shared memory; partial statistics meet through global memory behind a
+//                          per-row barrier (cooperative launch, so every block is resident).
 //  * strided_norm_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
 //                          16-byte accesses, warps along the reduced axis.
-// Rows longer than the register cache are processed in chunks and read twice.
+// Rows (slices) that do not fit the cache are read twice, the second time mostly from L2.
 // Statistics: each thread computes exact (count, mean, M2) of the values it holds, and these are
 // combined with Chan's parallel formula. All values of a row are taken relative to one shift (the
 // row's first element), so merged means stay small and large offsets (x + 1000) cost no precision.
@@ -80,17 +81,55 @@ __device__ __forceinline__ void store_vec(V* p, const V& v) {
   }
 }
 
+// Asynchronous global -> shared copies: a thread issues all of its copies before waiting, so its
+// whole share of a row is in flight without holding registers. 16-byte copies bypass L1 and are
+// marked evict-first in L2 (x is read once).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if constexpr (kBytes == 16) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "l"(policy)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(src), "n"(kBytes) : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Parameters re-read by every wave of the split kernel: loaded with an L2 evict-last policy so
+// that the streamed x and y do not push them out. `release_params` sets them back to normal
+// priority at the end, so nothing stays pinned in L2 after the call.
+__device__ __forceinline__ uint4 load16_keep(const uint4* p) {
+  uint64_t policy;
+  uint4 r;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(policy));
+  return r;
+}
+
+__device__ __forceinline__ void release_params(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = int64_t(threadIdx.x) * 128; off < bytes; off += int64_t(blockDim.x) * 128) {
+    asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(c + off) : "memory");
+  }
+}
+
 // Weight and bias of VEC consecutive columns, in 16-byte pieces when aligned. Plain loads (normal
 // L2 priority) while x and y stream with evict-first hints, so L2 keeps the parameters across rows.
 // Not __ldg: the compiler may hoist that intrinsic above the caller's null check of an absent bias.
-template <int VEC, typename W, typename A>
+template <bool kKeep, int VEC, typename W, typename A>
 __device__ __forceinline__ void load_params(const W* p, A (&out)[VEC]) {
   constexpr int kBytes = int(sizeof(W)) * VEC;
   if constexpr (VEC > 1 && kBytes % 16 == 0) {
     constexpr int kPer = 16 / int(sizeof(W));
 #pragma unroll
     for (int piece = 0; piece < kBytes / 16; ++piece) {
-      const uint4 r = reinterpret_cast<const uint4*>(p)[piece];
+      const uint4* q = reinterpret_cast<const uint4*>(p) + piece;
+      const uint4 r = kKeep ? load16_keep(q) : *q;
       const W* w = reinterpret_cast<const W*>(&r);
 #pragma unroll
       for (int e = 0; e < kPer; ++e) out[piece * kPer + e] = A(to_acc(w[e]));
@@ -195,12 +234,12 @@ __device__ __forceinline__ Affine<A> finalize(const Stats<A>& s, int64_t n, doub
 }
 
 // y = (x - mean) * rstd * w + b for one vector whose first element is column `col` of the row.
-template <typename A, typename T, typename W, int VEC>
+template <bool kKeep, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const Affine<A>& st,
                                                      const W* w, const W* b, int64_t col) {
   A wv[VEC], bv[VEC];
-  if (w) load_params<VEC>(w + col, wv);
-  if (b) load_params<VEC>(b + col, bv);
+  if (w) load_params<kKeep, VEC>(w + col, wv);
+  if (b) load_params<kKeep, VEC>(b + col, bv);
   Vec<T, VEC> y;
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
@@ -224,76 +263,111 @@ struct RowArgs {
   int rms;
 };
 
-// Process the vectors [v0, v1) of one row with a group of `tpr` threads (thread `t` of the group):
-// statistics first, the caller combines them; then `apply` normalizes. Vectors v0 + (k*tpr + t) for
-// k < kCache form one chunk; rows longer than one chunk are read twice.
-template <typename A, typename T, int VEC>
-struct Slice {
-  static constexpr int kCache = kCacheOf<T>;
-  Vec<T, VEC> cache[kCache];
+// Vectors each thread has in flight per batch; 2 where 4 would exceed 64 registers.
+template <typename T> struct UnrollOf { static constexpr int value = 4; };
+template <> struct UnrollOf<__nv_bfloat16> { static constexpr int value = 2; };
+template <> struct UnrollOf<double> { static constexpr int value = 2; };
+// Blocks of kMaxRowThreads per SM the register budget is sized for (64 registers; float64 needs more).
+template <typename T> struct MinBlocksOf { static constexpr int value = 2; };
+template <> struct MinBlocksOf<double> { static constexpr int value = 1; };
+
+// The vectors [v0, v1) of one row, processed by a group of `tpr` threads (this is thread `t`):
+// `stats` reads them once, keeping them in shared memory (`cache`) when the caller gave room, and
+// returns this thread's statistics; the caller combines them; `apply` normalizes and stores,
+// from the cache or by reading x again (then from L2, the slice having just been read).
+// Thread t handles vectors t, t + tpr, ...: coalesced global accesses, conflict-free shared memory,
+// and each thread reads back only what it wrote itself (no barrier between the phases).
+template <typename A, typename T, int VEC, bool kCached>
+struct RowSlice {
+  using V = Vec<T, VEC>;
+  static constexpr int kUnroll = UnrollOf<T>::value;
+  V* cache;
   int64_t v0, v1;
   int t, tpr;
 
-  __device__ __forceinline__ Stats<A> stats(const Vec<T, VEC>* xv, bool rms, A shift) {
-    Stats<A> s{A(0), A(0), A(0)};
-    const int64_t chunk = int64_t(kCache) * tpr;
-    for (int64_t c = v0; c < v1; c += chunk) {
-      const bool once = v1 - v0 <= chunk;
-#pragma unroll
-      for (int k = 0; k < kCache; ++k) {
-        const int64_t i = c + int64_t(k) * tpr + t;
-        if (i < v1) cache[k] = once ? load_vec<true>(xv + i) : load_vec<false>(xv + i);
+  __device__ __forceinline__ Stats<A> stats(const V* xv, bool rms, A shift) {
+    const int64_t step = int64_t(kUnroll) * tpr;
+    if constexpr (kCached) {
+      if constexpr (sizeof(V) >= 4) {
+        for (int64_t i = v0 + t; i < v1; i += tpr) cp_async<int(sizeof(V))>(cache + (i - v0), xv + i);
+        cp_async_wait_all();  // a thread only reads back its own copies: no barrier needed
+      } else {
+        for (int64_t i = v0 + t; i < v1; i += tpr) cache[i - v0] = load_vec<true>(xv + i);
       }
-      s = merge(s, thread_stats<A>(cache, c + t, tpr, v1, rms, shift), rms);
+      A n = A(0), sum = A(0);
+      for (int64_t i = v0 + t; i < v1; i += tpr) {
+        const V r = cache[i - v0];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A v = to_acc(r.v[e]) - shift;
+          sum += rms ? v * v : v;
+        }
+        n += A(VEC);
+      }
+      if (rms || n == A(0)) return {n, A(0), sum};
+      const A mean = sum / n;
+      A m2 = A(0);
+      for (int64_t i = v0 + t; i < v1; i += tpr) {
+        const V r = cache[i - v0];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A d = (to_acc(r.v[e]) - shift) - mean;
+          m2 += d * d;
+        }
+      }
+      return {n, mean, m2};
+    } else {  // exact statistics of each batch, merged; half the batch: the merge needs registers
+      constexpr int kHalf = kUnroll > 1 ? kUnroll / 2 : 1;
+      Stats<A> s{A(0), A(0), A(0)};
+      for (int64_t base = v0 + t; base < v1; base += int64_t(kHalf) * tpr) {
+        V r[kHalf];
+#pragma unroll
+        for (int u = 0; u < kHalf; ++u) {
+          const int64_t i = base + int64_t(u) * tpr;
+          if (i < v1) r[u] = load_vec<false>(xv + i);
+        }
+        s = merge(s, thread_stats<A>(r, base, tpr, v1, rms, shift), rms);
+      }
+      return s;
     }
-    return s;
   }
 
-  template <typename W>
-  __device__ __forceinline__ void apply(const Vec<T, VEC>* xv, Vec<T, VEC>* yv, const W* w, const W* b,
-                                        const Affine<A>& st) {
-    const int64_t chunk = int64_t(kCache) * tpr;
-    if (v1 - v0 <= chunk) {
-#pragma unroll
-      for (int k = 0; k < kCache; ++k) {
-        const int64_t i = v0 + int64_t(k) * tpr + t;
-        if (i < v1) store_vec(yv + i, normalize_vec<A>(cache[k], st, w, b, (i - v0) * VEC));
-      }
-      return;
-    }
-    for (int64_t c = v0; c < v1; c += chunk) {
-#pragma unroll
-      for (int k = 0; k < kCache; ++k) {
-        const int64_t i = c + int64_t(k) * tpr + t;
-        if (i < v1) cache[k] = load_vec<true>(xv + i);
-      }
-#pragma unroll
-      for (int k = 0; k < kCache; ++k) {
-        const int64_t i = c + int64_t(k) * tpr + t;
-        if (i < v1) store_vec(yv + i, normalize_vec<A>(cache[k], st, w, b, (i - v0) * VEC));
-      }
+  // One vector at a time: the parameters it needs take registers, and latency is hidden by the
+  // other rows in flight on the SM rather than by unrolling.
+  template <bool kKeep, typename W>
+  __device__ __forceinline__ void apply(const V* xv, V* yv, const W* w, const W* b, const Affine<A>& st) {
+#pragma unroll 2
+    for (int64_t i = v0 + t; i < v1; i += tpr) {
+      V r;
+      if constexpr (kCached) r = cache[i - v0]; else r = load_vec<true>(xv + i);
+      store_vec(yv + i, normalize_vec<kKeep, A>(r, st, w, b, (i - v0) * VEC));
     }
   }
 };
 
-template <typename T, typename W, int VEC>
-__global__ void __launch_bounds__(kMaxRowThreads, 1) row_norm_kernel(RowArgs<T, W> a) {
+// One row per group of `tpr` threads, blockDim / tpr rows per block; `cache_vec` vectors of shared
+// memory per row (0: no cache, x is read twice).
+template <typename T, typename W, int VEC, bool kCached>
+__global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec) {
   using A = typename AccOf<T>::type;
-  __shared__ Stats<A> smem[32];
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ Stats<A> red[32];
   const int tpr = a.tpr, rows_per_block = blockDim.x / tpr;
   const int group = threadIdx.x / tpr;
   const bool rms = a.rms;
   const int64_t nvec = a.n / VEC;
+  V* cache = kCached ? reinterpret_cast<V*>(dyn_smem) + group * cache_vec : nullptr;
   for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows;
        base += int64_t(gridDim.x) * rows_per_block) {
     const int64_t row = base + group;
     const bool active = row < a.rows;
-    const auto* xv = reinterpret_cast<const Vec<T, VEC>*>(a.x + (active ? row : 0) * a.x_stride);
-    auto* yv = reinterpret_cast<Vec<T, VEC>*>(a.y + (active ? row : 0) * a.n);
+    const V* xv = reinterpret_cast<const V*>(a.x + (active ? row : 0) * a.x_stride);
+    V* yv = reinterpret_cast<V*>(a.y + (active ? row : 0) * a.n);
     const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
-    Slice<A, T, VEC> slice{{}, 0, active ? nvec : 0, int(threadIdx.x % tpr), tpr};
-    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, smem);
-    if (active) slice.apply(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
+    RowSlice<A, T, VEC, kCached> slice{cache, 0, active ? nvec : 0, int(threadIdx.x % tpr), tpr};
+    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, red);
+    if (active) slice.template apply<false>(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
   }
 }
 
@@ -304,17 +378,22 @@ struct SplitWorkspace {
   void* partials;          // [2][slots][g] Stats, double-buffered by wave parity
 };
 
+template <typename W>
+__device__ __forceinline__ bool w_present(const W* p) { return p != nullptr; }
+
 __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
   unsigned int v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
-template <typename T, typename W, int VEC>
-__global__ void __launch_bounds__(kMaxRowThreads, 1) split_row_norm_kernel(RowArgs<T, W> a, int g, int slots,
-                                                              SplitWorkspace ws) {
+template <typename T, typename W, int VEC, bool kCached>
+__global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_row_norm_kernel(RowArgs<T, W> a, int g, int slots,
+                                                                            SplitWorkspace ws) {
   using A = typename AccOf<T>::type;
-  __shared__ Stats<A> smem[32];
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ Stats<A> red[32];
   __shared__ Affine<A> row_affine;
   const bool rms = a.rms;
   const int slot = blockIdx.x / g, part = blockIdx.x % g;
@@ -322,33 +401,55 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1) split_row_norm_kernel(RowAr
   const int64_t nvec = a.n / VEC;
   const int64_t per_block = (nvec + g - 1) / g;
   const int64_t v0 = min(nvec, part * per_block), v1 = min(nvec, v0 + per_block);
+  V* cache = kCached ? reinterpret_cast<V*>(dyn_smem) : nullptr;
   auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
   int wave = 0;
   for (int64_t row = slot; row < a.rows; row += slots, ++wave) {
-    const auto* xv = reinterpret_cast<const Vec<T, VEC>*>(a.x + row * a.x_stride);
-    auto* yv = reinterpret_cast<Vec<T, VEC>*>(a.y + row * a.n);
+    const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
+    V* yv = reinterpret_cast<V*>(a.y + row * a.n);
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    Slice<A, T, VEC> slice{{}, v0, v1, int(threadIdx.x), int(blockDim.x)};
-    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), blockDim.x, rms, smem);
+    RowSlice<A, T, VEC, kCached> slice{cache, v0, v1, int(threadIdx.x), int(blockDim.x)};
+    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), blockDim.x, rms, red);
     Stats<A>* mine = partials + (size_t(wave & 1) * slots + slot) * g;
+    // While the row's other blocks catch up, have DRAM fetch this block's slice of its next row
+    // into L2: the next wave's copies then hit L2.
+    if (row + slots < a.rows) {
+      const char* next = reinterpret_cast<const char*>(a.x + (row + slots) * a.x_stride + v0 * VEC);
+      const int64_t bytes = (v1 - v0) * int64_t(sizeof(V));
+      for (int64_t off = int64_t(threadIdx.x) * 128; off < bytes; off += int64_t(blockDim.x) * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(next + off));
+      }
+    }
     if (threadIdx.x == 0) {
       mine[part] = s;
       __threadfence();
       atomicAdd(ws.arrivals + slot, 1u);
       const unsigned int target = unsigned(g) * unsigned(wave + 1);
-      while (load_acquire(ws.arrivals + slot) < target) __nanosleep(64);
+      while (load_acquire(ws.arrivals + slot) < target) __nanosleep(32);
     }
     __syncthreads();
     Stats<A> total{A(0), A(0), A(0)};
     for (int i = threadIdx.x; i < g; i += blockDim.x) {
-      const Stats<A> p{__ldcg(&mine[i].n), __ldcg(&mine[i].mean), __ldcg(&mine[i].m2)};
-      total = merge(total, p, rms);
+      const Stats<A> q{__ldcg(&mine[i].n), __ldcg(&mine[i].mean), __ldcg(&mine[i].m2)};
+      total = merge(total, q, rms);
     }
-    total = group_reduce(total, blockDim.x, rms, smem);
+    total = group_reduce(total, blockDim.x, rms, red);
     if (threadIdx.x == 0) row_affine = finalize(total, a.n, a.eps, rms, shift);
     __syncthreads();
-    // Column offsets in apply() are relative to v0: shift the parameters instead.
-    slice.apply(xv, yv, a.w ? a.w + v0 * VEC : a.w, a.b ? a.b + v0 * VEC : a.b, row_affine);
+    // Column offsets in apply() are relative to v0: shift the parameters instead. Several waves
+    // re-read them: keep them in L2 until the last one.
+    const W* w = a.w ? a.w + v0 * VEC : a.w;
+    const W* b = a.b ? a.b + v0 * VEC : a.b;
+    if (slots < a.rows) {
+      slice.template apply<true>(xv, yv, w, b, row_affine);
+    } else {
+      slice.template apply<false>(xv, yv, w, b, row_affine);
+    }
+  }
+  if (slots < a.rows) {
+    const int64_t bytes = (v1 - v0) * VEC * int64_t(sizeof(W));
+    if (w_present(a.w)) release_params(a.w + v0 * VEC, bytes);
+    if (w_present(a.b)) release_params(a.b + v0 * VEC, bytes);
   }
 }
 
@@ -364,6 +465,119 @@ struct StridedArgs {
   int rms;
 };
 
+// Combine per-column statistics across the tyn thread rows of a block (a tree in shared memory,
+// red holds tyn x cols entries); every thread gets the totals of its VEC columns.
+template <typename A, int VEC>
+__device__ __forceinline__ void combine_columns(Stats<A>* red, Stats<A> (&s)[VEC], int ty, int tyn, int lane,
+                                                int64_t cols, bool rms) {
+  __syncthreads();  // red may still be read from the previous tile
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) red[ty * cols + lane * VEC + e] = s[e];
+  __syncthreads();
+  for (int half = tyn / 2; half > 0; half >>= 1) {
+    if (ty < half) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int64_t idx = ty * cols + lane * VEC + e;
+        red[idx] = merge(red[idx], red[idx + half * cols], rms);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) s[e] = red[lane * VEC + e];
+}
+
+// Channel-axis kernel for tiles that fit in shared memory: the whole tile (n x tx vectors) is
+// copied with cp.async (all loads in flight, few registers), statistics and output come from
+// shared memory. Thread (ty, lane) copies, and later reads back, channels ty, ty + tyn, ...
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, int64_t red_bytes) {
+  using A = typename AccOf<T>::type;
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto* red = reinterpret_cast<Stats<A>*>(smem_raw);  // [tyn][tx * VEC]
+  V* tile_buf = reinterpret_cast<V*>(smem_raw + red_bytes);  // [n][tx]
+  const bool rms = a.rms;
+  const int tx = a.tx, tyn = blockDim.x / tx;
+  const int lane = threadIdx.x % tx, ty = threadIdx.x / tx;
+  const int64_t cols = int64_t(tx) * VEC;
+  const int64_t tiles_per_outer = (a.inner + cols - 1) / cols;
+  const int64_t tiles = a.outer * tiles_per_outer;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t o = tile / tiles_per_outer;
+    const int64_t col = (tile % tiles_per_outer) * cols + int64_t(lane) * VEC;
+    const bool active = col < a.inner;
+    const T* xo = a.x + o * a.x_outer_stride + (active ? col : 0);
+    T* yo = a.y + o * a.n * a.inner + (active ? col : 0);
+    if (active) {
+      for (int64_t j = ty; j < a.n; j += tyn) {
+        const V* src = reinterpret_cast<const V*>(xo + j * a.inner);
+        if constexpr (sizeof(V) >= 4) cp_async<int(sizeof(V))>(tile_buf + j * tx + lane, src);
+        else tile_buf[j * tx + lane] = load_vec<true>(src);
+      }
+    }
+    A shift[VEC];  // channel 0 of each column, shared by all threads of the column
+    V first;
+    if (active && !rms) first = *reinterpret_cast<const V*>(xo);
+    cp_async_wait_all();
+    A sum[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      shift[e] = (active && !rms) ? A(to_acc(first.v[e])) : A(0);
+      sum[e] = A(0);
+    }
+    A cnt = A(0);
+    if (active) {
+      for (int64_t j = ty; j < a.n; j += tyn) {
+        const V r = tile_buf[j * tx + lane];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A v = to_acc(r.v[e]) - shift[e];
+          sum[e] += rms ? v * v : v;
+        }
+        cnt += A(1);
+      }
+    }
+    Stats<A> s[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) s[e] = {cnt, A(0), sum[e]};
+    if (!rms && cnt > A(0)) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        s[e].mean = sum[e] / cnt;
+        s[e].m2 = A(0);
+      }
+      for (int64_t j = ty; j < a.n; j += tyn) {
+        const V r = tile_buf[j * tx + lane];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A d = (to_acc(r.v[e]) - shift[e]) - s[e].mean;
+          s[e].m2 += d * d;
+        }
+      }
+    }
+    combine_columns(red, s, ty, tyn, lane, cols, rms);
+    if (!active) continue;
+    Affine<A> st[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) st[e] = finalize(s[e], a.n, a.eps, rms, shift[e]);
+    for (int64_t j = ty; j < a.n; j += tyn) {
+      const V r = tile_buf[j * tx + lane];
+      const A wj = a.w ? A(to_acc(a.w[j])) : A(1);
+      const A bj = a.b ? A(to_acc(a.b[j])) : A(0);
+      V out;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        out.v[e] = from_acc<T>(((to_acc(r.v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj);
+      }
+      store_vec(reinterpret_cast<V*>(yo + j * a.inner), out);
+    }
+  }
+}
+
+// Channel-axis kernel for tiles too large for shared memory: registers hold kCache channels per
+// thread at a time; when n exceeds one chunk, x is read twice.
 // One tile = all n reduced elements of tx*VEC consecutive inner positions of one outer index.
 // Thread (ty, lane) holds channels ty, ty + tyn, ... (kCache of them per chunk).
 template <typename T, typename W, int VEC>
@@ -434,24 +648,10 @@ __global__ void __launch_bounds__(256, 1) strided_norm_kernel(StridedArgs<T, W> 
         s[e] = merge(s[e], cs, rms);
       }
     }
-    // Tree-combine across ty in shared memory; row ty == 0 ends with the totals.
-    __syncthreads();
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) red[ty * cols + lane * VEC + e] = s[e];
-    __syncthreads();
-    for (int half = tyn / 2; half > 0; half >>= 1) {
-      if (ty < half) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const int idx = ty * cols + lane * VEC + e;
-          red[idx] = merge(red[idx], red[idx + half * cols], rms);
-        }
-      }
-      __syncthreads();
-    }
+    combine_columns(red, s, ty, tyn, lane, cols, rms);
     Affine<A> st[VEC];
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) st[e] = finalize(red[lane * VEC + e], a.n, a.eps, rms, shift[e]);
+    for (int e = 0; e < VEC; ++e) st[e] = finalize(s[e], a.n, a.eps, rms, shift[e]);
     if (!active) continue;
     for (int64_t c = 0; c < a.n; c += chunk) {
       if (!once) {
@@ -519,54 +719,81 @@ static int row_vec(const NormParams& p) {
 
 static int split_threads(const NormParams& p) { return p.threads > 0 ? p.threads : kMaxRowThreads; }
 
-// Blocks per row wanted for a last-dim call (1: one thread group per row, no split). Rows longer than
-// one block's register cache are split; so are rows of a few-row call, to use the whole chip.
-static int64_t wanted_blocks_per_row(const NormParams& p, int vec, int sms) {
+constexpr int64_t kRowCacheBytes = 96 << 10;  // row kernel: shared memory for a block's rows, at most
+constexpr int64_t kSliceBytes = 64 << 10;     // split kernel: target slice per block
+constexpr int64_t kMaxSmem = 200 << 10;       // dynamic shared memory opt-in limit we ask for
+
+// Blocks per row wanted for a last-dim call (1: row kernel). Rows whose cache would not fit a block
+// are split; so are the rows of a few-row call, to spread them over the whole chip.
+static int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
   if (p.blocks_per_row > 0) return p.blocks_per_row;
-  const int kCache = cache_vectors(elem_size(p.dtype));
-  const int64_t nvec = p.n / vec;
+  const int64_t row_bytes = p.n * elem_size(p.dtype);
   const bool few_rows = p.outer < sms;
-  if (nvec <= int64_t(kMaxRowThreads) * kCache && !(few_rows && nvec >= 4096)) return 1;
-  const int64_t per_block = int64_t(split_threads(p)) * kCache;
-  int64_t g = (nvec + per_block - 1) / per_block;
+  if (row_bytes <= kRowCacheBytes && !(few_rows && row_bytes >= (64 << 10))) return 1;
+  int64_t g = (row_bytes + kSliceBytes - 1) / kSliceBytes;
   if (few_rows) {
-    const int64_t spread = (int64_t(sms) * 2) / p.outer, min_slice = nvec / 1024;
+    const int64_t spread = (int64_t(sms) * 2) / p.outer, min_slice = row_bytes / (16 << 10);
     const int64_t want = spread < min_slice ? spread : min_slice;
     if (want > g) g = want;
   }
   return g;
 }
 
-// How a last-dim call is split. blocks_per_row == 1: row kernel.
+// Shared memory above 48 KB must be asked for once per kernel.
+template <typename Kernel>
+static void allow_smem(Kernel kernel) {
+  cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       int(kMaxSmem));
+}
+
+// How a last-dim call is run. g == 1: row kernel, else split kernel with `slots` rows in flight.
 struct RowPlan {
-  int tpr, threads, blocks_per_row, slots, grid;
+  int tpr, threads, g, slots, grid;
+  int64_t cache_vec;  // shared-memory vectors per row (row kernel) or per slice (split); 0: none
+  size_t smem;
 };
 
 template <typename T, typename W, int VEC>
 static RowPlan plan_rows(const NormParams& p) {
-  constexpr int kCache = kCacheOf<T>;
+  using V = Vec<T, VEC>;
   const Device dev = device_info();
   const int64_t nvec = p.n / VEC;
-  int64_t g = wanted_blocks_per_row(p, VEC, dev.sms);
+  int64_t g = wanted_blocks_per_row(p, dev.sms);
   if (g > 1 && dev.coop) {
+    static bool smem_allowed = false;
+    if (!smem_allowed) allow_smem(split_row_norm_kernel<T, W, VEC, true>), smem_allowed = true;
     const int threads = split_threads(p);
+    int64_t slice = (nvec + g - 1) / g;
+    size_t smem = size_t(slice) * sizeof(V);
+    if (int64_t(smem) > kMaxSmem) smem = 0;
     int per_sm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC>, threads, 0);
+    if (smem) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC, true>, threads, smem);
+    if (int64_t(per_sm) * dev.sms < g) {  // too many slices to be resident: no cache, read x twice
+      smem = 0;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC, false>, threads, 0);
+    }
     const int64_t resident = int64_t(per_sm) * dev.sms;
     if (resident >= 1) {
-      if (g > resident) g = resident;  // slices longer than the register cache are read twice
+      if (g > resident) g = resident;
       int64_t slots = resident / g;
       if (slots > p.outer) slots = p.outer;
-      return RowPlan{threads, threads, int(g), int(slots), int(slots * g)};
+      return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem};
     }
   }
-  int tpr = p.threads > 0 ? p.threads : pow2_at_least((nvec + kCache / 2 - 1) / (kCache / 2));
+  int tpr = p.threads > 0 ? p.threads : pow2_at_least((nvec + 7) / 8);  // ~8 vectors per thread
   if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
   const int threads = tpr >= 256 ? tpr : 256;
   const int64_t rows_per_block = threads / tpr;
+  const int64_t cache_bytes = rows_per_block * nvec * int64_t(sizeof(V));
+  const int64_t cache_vec = cache_bytes <= kRowCacheBytes ? nvec : 0;
+  if (cache_vec) {
+    static bool smem_allowed = false;
+    if (!smem_allowed) allow_smem(row_norm_kernel<T, W, VEC, true>), smem_allowed = true;
+  }
   const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
-  const int64_t cap = int64_t(dev.sms) * 64;
-  return RowPlan{tpr, threads, 1, 0, int(blocks < cap ? blocks : cap)};
+  const int64_t cap = int64_t(dev.sms) * 32;
+  return RowPlan{tpr, threads, 1, 0, int(blocks < cap ? blocks : cap), cache_vec,
+                 size_t(cache_vec ? cache_bytes : 0)};
 }
 
 template <typename T, typename W, int VEC>
@@ -575,41 +802,65 @@ static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms};
   if (plan.grid == 0) return nullptr;
-  if (plan.blocks_per_row == 1) {
-    row_norm_kernel<T, W, VEC><<<plan.grid, plan.threads, 0, stream>>>(a);
+  if (plan.g == 1) {
+    if (plan.cache_vec) {
+      row_norm_kernel<T, W, VEC, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
+    } else {
+      row_norm_kernel<T, W, VEC, false><<<plan.grid, plan.threads, 0, stream>>>(a, 0);
+    }
   } else {
     using A = typename AccOf<T>::type;
-    const int64_t need = int64_t(plan.slots) * 16 + int64_t(2) * plan.slots * plan.blocks_per_row * sizeof(Stats<A>);
+    const int64_t need = int64_t(plan.slots) * 16 + int64_t(2) * plan.slots * plan.g * sizeof(Stats<A>);
     if (p.workspace == nullptr || p.workspace_bytes < need) return "split-row workspace missing or too small";
     SplitWorkspace ws{static_cast<unsigned int*>(p.workspace),
                       static_cast<unsigned char*>(p.workspace) + int64_t(plan.slots) * 16};
-    int g = plan.blocks_per_row, slots = plan.slots;
+    int g = plan.g, slots = plan.slots;
     void* args[] = {&a, &g, &slots, &ws};
-    cudaError_t err = cudaLaunchCooperativeKernel(reinterpret_cast<void*>(split_row_norm_kernel<T, W, VEC>),
-                                                  dim3(plan.grid), dim3(plan.threads), args, 0, stream);
+    const void* kernel = plan.cache_vec ? reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC, true>)
+                                        : reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC, false>);
+    cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(plan.grid), dim3(plan.threads), args, plan.smem, stream);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+constexpr int64_t kTileBytes = 64 << 10;  // strided tile kernel: shared memory per block, at most
+
 template <typename T, typename W, int VEC>
 static const char* launch_strided(const NormParams& p, cudaStream_t stream) {
   using A = typename AccOf<T>::type;
+  using V = Vec<T, VEC>;
   const Device dev = device_info();
   const int64_t inner_vec = (p.inner + VEC - 1) / VEC;
   const int threads = 256;
   int tx = pow2_at_least(inner_vec);
   if (tx > 32) tx = 32;
-  // Narrower tiles, more threads along the reduced axis, until it fits the register cache (one read).
-  while (tx > 4 && int64_t(threads / tx) * kCacheOf<T> < p.n) tx /= 2;
+  const int64_t red_bytes = int64_t(threads) * VEC * sizeof(Stats<A>);  // tyn * tx * VEC entries
+  // Widest tile (up to 32 lanes of 16 bytes) whose n x tx vectors fit the shared-memory budget.
+  int tile_tx = tx;
+  while (tile_tx > 4 && red_bytes + p.n * tile_tx * int64_t(sizeof(V)) > kTileBytes) tile_tx /= 2;
+  const bool tiled = red_bytes + p.n * tile_tx * int64_t(sizeof(V)) <= kTileBytes;
+  if (tiled) {
+    tx = tile_tx;
+  } else {
+    // Narrower tiles, more threads along the reduced axis, until it fits the register cache.
+    while (tx > 4 && int64_t(threads / tx) * kCacheOf<T> < p.n) tx /= 2;
+  }
   StridedArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                       static_cast<const W*>(p.bias), p.outer, p.n, p.inner, p.x_outer_stride, p.eps, tx, p.rms};
   const int64_t cols = int64_t(tx) * VEC;
   const int64_t tiles = p.outer * ((p.inner + cols - 1) / cols);
-  const int64_t cap = int64_t(dev.sms) * 256;
-  const size_t smem = size_t(threads) * VEC * sizeof(Stats<A>);
-  strided_norm_kernel<T, W, VEC><<<int(tiles < cap ? tiles : cap), threads, smem, stream>>>(a);
+  const int64_t cap = int64_t(dev.sms) * 64;
+  const int grid = int(tiles < cap ? tiles : cap);
+  if (tiled) {
+    static bool smem_allowed = false;
+    if (!smem_allowed) allow_smem(strided_tile_kernel<T, W, VEC>), smem_allowed = true;
+    const size_t smem = size_t(red_bytes + p.n * tx * int64_t(sizeof(V)));
+    strided_tile_kernel<T, W, VEC><<<grid, threads, smem, stream>>>(a, red_bytes);
+  } else {
+    strided_norm_kernel<T, W, VEC><<<grid, threads, size_t(red_bytes), stream>>>(a);
+  }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
@@ -635,7 +886,7 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
   using namespace fastnorm;
   if (p.inner != 1 || p.outer == 0 || p.n == 0) return 0;
   const Device dev = device_info();
-  if (!dev.coop || wanted_blocks_per_row(p, row_vec(p), dev.sms) <= 1) return 0;
+  if (!dev.coop || wanted_blocks_per_row(p, dev.sms) <= 1) return 0;
   // Bound for any split plan: every resident block may own a slot (a 16-byte counter) and writes
   // two partial statistics (double-buffered).
   const int64_t max_blocks = int64_t(dev.sms) * (2048 / split_threads(p) + 1);

@@ -9,10 +9,12 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 def _as_shape(normalized_shape) -> tuple:
     if isinstance(normalized_shape, numbers.Integral):
         return (int(normalized_shape),)
-    try:
-        return tuple(int(s) for s in normalized_shape)
-    except TypeError:
-        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}") from None
+    if isinstance(normalized_shape, (str, bytes)) or not hasattr(normalized_shape, "__iter__"):
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    shape = tuple(normalized_shape)
+    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in shape):
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
+    return tuple(int(s) for s in shape)
 
 
 def check_input(x, op: str) -> None:

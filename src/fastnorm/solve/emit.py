@@ -83,9 +83,7 @@ def model_new_class(problem: ReferenceProblem, forward: ForwardCode) -> str:
     for lineno, col in sorted(renames, reverse=True):
         raw = text[lineno].encode()  # ast columns count UTF-8 bytes
         text[lineno] = (raw[:col] + b"ModelNew" + raw[col + len("Model"):]).decode()
-    header = text[cls.lineno]
-    at = header.index("class Model") + len("class ")
-    text[cls.lineno] = header[:at] + "ModelNew" + header[at + len("Model"):]
+    text[cls.lineno] = re.sub(r"\bclass\s+Model\b", "class ModelNew", text[cls.lineno], count=1)
     indent = " " * fn.col_offset
     new_forward = [indent + line if line else "" for line in forward.source.rstrip("\n").splitlines()]
     out = []

@@ -99,14 +99,18 @@ def tune(solution_module, model_new: torch.nn.Module, reference: torch.nn.Module
                 actual = model_new(*inputs)
                 trial.error = outputs_match(expected, actual)
                 del actual
+                if trial.error is None:
+                    trial.ms = timer(lambda: model_new(*inputs), device=device, trials=trials).median_ms
+                    trial.speedup = reference_ms / trial.ms
             except RuntimeError as err:
                 trial.error = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             if trial.error is None:
-                trial.ms = timer(lambda: model_new(*inputs), device=device, trials=trials).median_ms
-                trial.speedup = reference_ms / trial.ms
                 log(f"  {trial.label:<34} {trial.ms:9.4g} ms  {trial.speedup:6.2f}x")
             else:
                 log(f"  {trial.label:<34} skipped: {trial.error}")
+                if not _device_usable(device):
+                    log("  the device is in an error state after this candidate: no further candidates")
+                    break
             if trial.speedup is not None and target_speedup is not None and trial.speedup >= target_speedup:
                 log(f"  target {target_speedup:g}x reached")
                 break
@@ -115,6 +119,17 @@ def tune(solution_module, model_new: torch.nn.Module, reference: torch.nn.Module
     if best is not None:
         solution_module.THREADS, solution_module.BLOCKS_PER_ROW = best.threads, best.blocks_per_row
     return best, results, reference_ms
+
+
+def _device_usable(device: torch.device) -> bool:
+    """False once a CUDA error has poisoned this process's context (every later call would fail)."""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize(device)
+        return True
+    except RuntimeError:
+        return False
 
 
 def choose(results: list, log: Callable = print) -> Optional[Trial]:
