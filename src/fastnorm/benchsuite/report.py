@@ -3,6 +3,7 @@ from datetime import datetime, timezone
 import json
 import math
 import platform
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -33,7 +34,11 @@ def slug(name: str, limit: int = 48) -> str:
 
 
 def git_commit(where: Path):
-    """HEAD of the git checkout holding `where`, or None (not a checkout, no commit yet, no git)."""
+    """HEAD of the git checkout holding `where`, or None (not a checkout, no commit yet, no git).
+    FASTNORM_COMMIT overrides it, for runs from a copy of the tree without its .git (a GPU machine)."""
+    given = os.environ.get("FASTNORM_COMMIT", "").strip()
+    if re.fullmatch(r"[0-9a-f]{40}", given):
+        return given
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
                               text=True, timeout=10)

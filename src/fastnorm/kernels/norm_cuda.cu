@@ -717,7 +717,18 @@ static int row_vec(const NormParams& p) {
   return ok ? vec : 1;
 }
 
-static int split_threads(const NormParams& p) { return p.threads > 0 ? p.threads : kMaxRowThreads; }
+// Tuning overrides are hints: round to a power of two the kernels support.
+static int threads_hint(const NormParams& p, int lo) {
+  if (p.threads <= 0) return 0;
+  int t = lo;
+  while (t * 2 <= p.threads && t * 2 <= kMaxRowThreads) t *= 2;
+  return t;
+}
+
+static int split_threads(const NormParams& p) {
+  const int t = threads_hint(p, 32);
+  return t > 0 ? t : kMaxRowThreads;
+}
 
 constexpr int64_t kRowCacheBytes = 96 << 10;  // row kernel: shared memory for a block's rows, at most
 constexpr int64_t kSliceBytes = 64 << 10;     // split kernel: target slice per block
@@ -780,7 +791,7 @@ static RowPlan plan_rows(const NormParams& p) {
       return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem};
     }
   }
-  int tpr = p.threads > 0 ? p.threads : pow2_at_least((nvec + 7) / 8);  // ~8 vectors per thread
+  int tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + 7) / 8);  // ~8 vectors per thread
   if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
   const int threads = tpr >= 256 ? tpr : 256;
   const int64_t rows_per_block = threads / tpr;
