@@ -7,7 +7,11 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _as_shape(normalized_shape) -> tuple:
-    if isinstance(normalized_shape, numbers.Integral):
+    if type(normalized_shape) is int:  # exact-type fast paths first: this runs on every call
+        return (normalized_shape,)
+    if type(normalized_shape) in (tuple, list, torch.Size) and all(type(s) is int for s in normalized_shape):
+        return tuple(normalized_shape)
+    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
         return (int(normalized_shape),)
     if isinstance(normalized_shape, (str, bytes)) or not hasattr(normalized_shape, "__iter__"):
         raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
@@ -32,10 +36,11 @@ def norm_dims(x: torch.Tensor, normalized_shape, dim, op: str):
         if normalized_shape is None:
             raise ValueError(f"fastnorm.{op}: give normalized_shape (trailing dims) or dim")
         shape = _as_shape(normalized_shape)
-        if len(shape) == 0 or len(shape) > x.dim() or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        nd, k = x.dim(), len(shape)
+        if k == 0 or k > nd or x.shape[nd - k:] != shape:
             raise ValueError(f"fastnorm.{op}: given normalized_shape={list(shape)}, expected input with "
                              f"shape [*, {', '.join(map(str, shape))}], but got input of size {list(x.shape)}")
-        return x.dim() - len(shape), x.dim()
+        return nd - k, nd
     dims = (dim,) if isinstance(dim, numbers.Integral) else tuple(dim)
     if not dims or x.dim() == 0:
         raise ValueError(f"fastnorm.{op}: dim={dim!r} is empty or the input is a scalar")
@@ -55,7 +60,7 @@ def norm_dims(x: torch.Tensor, normalized_shape, dim, op: str):
 
 def check_affine(x: torch.Tensor, begin: int, end: int, op: str, **params) -> None:
     """Weight and bias must have the normalized shape, a float dtype and x's device."""
-    expected = tuple(x.shape[begin:end])
+    expected = x.shape[begin:end]
     for name, t in params.items():
         if t is None:
             continue
@@ -63,7 +68,7 @@ def check_affine(x: torch.Tensor, begin: int, end: int, op: str, **params) -> No
             raise TypeError(f"fastnorm.{op}: {name} must be a tensor or None, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"fastnorm.{op}: {name} dtype {t.dtype} is not supported")
-        if tuple(t.shape) != expected:
+        if t.shape != expected:
             raise ValueError(f"fastnorm.{op}: {name} has shape {list(t.shape)}, expected {list(expected)}")
         if t.device != x.device:
             raise ValueError(f"fastnorm.{op}: {name} is on {t.device} but the input is on {x.device}")
