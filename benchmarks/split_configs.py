@@ -2,25 +2,12 @@
 import math
 
 import torch
+from quick_timing import bench  # this folder is on sys.path when run as a script
 
 from fastnorm.ops import extension
 
 ext = extension.load("cuda")
 flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-
-def bench(fn, reps=20):
-    ts = []
-    for i in range(reps + 3):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        if i >= 3:
-            ts.append(s.elapsed_time(e) * 1e3)
-    return sorted(ts)[len(ts) // 2]
 
 
 for dt in (torch.float32, torch.bfloat16):
@@ -31,7 +18,7 @@ for dt in (torch.float32, torch.bfloat16):
         g = math.ceil(n * x.element_size() / (64 << 10))
         row = []
         for t, blocks in [(0, 0), (256, 2 * g), (512, 2 * g), (256, g), (128, 4 * g), (1024, 0)]:
-            us = bench(lambda: ext.norm_forward(x, w, b, 1, 2, 1e-5, False, t, blocks))
+            us = bench(lambda: ext.norm_forward(x, w, b, 1, 2, 1e-5, False, t, blocks), flush) * 1e6  # seconds -> us
             row.append(f"t{t}/g{blocks}:{us:7.1f}")
         print(f"{m}x{n} {str(dt)[6:]:<9}", "  ".join(row), flush=True)
         del x, w, b

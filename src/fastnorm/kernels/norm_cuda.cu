@@ -1,14 +1,17 @@
 // CUDA LayerNorm / RMSNorm forward over (outer, n, inner) views (see norm_params.h).
 //
-// Three kernels, chosen by the planner at the bottom of this file:
+// Kernels, chosen by the planner at the bottom of this file:
 //  * row_norm_kernel       inner == 1, a row handled by a group of threads (1..512) keeping it in
-//                          shared memory: one read of x, one write of y, few registers, so several
-//                          rows are in flight on each SM.
+//                          shared memory (cp.async): one read of x, one write of y, few registers, so
+//                          several rows are in flight on each SM.
 //  * split_row_norm_kernel inner == 1, long rows: several blocks per row, each keeping its slice in
 //                          shared memory; partial statistics meet through global memory behind a
 //                          per-row barrier (cooperative launch, so every block is resident).
-//  * strided_norm_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
-//                          16-byte accesses, warps along the reduced axis.
+//  * stream_*_kernel       inner == 1, a few rows of megabytes: partial statistics, per-row totals,
+//                          then column-owned blocks that read weight and bias once for all rows.
+//  * strided_tile_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
+//  / strided_norm_kernel   16-byte accesses, threads along the reduced axis; the tile in shared memory,
+//                          or in registers (read twice) when it is too large.
 // Rows (slices) that do not fit the cache are read twice, the second time mostly from L2.
 // Statistics: each thread computes exact (count, mean, M2) of the values it holds, and these are
 // combined with Chan's parallel formula. All values of a row are taken relative to one shift (the
