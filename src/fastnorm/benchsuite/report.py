@@ -2,8 +2,8 @@
 from datetime import datetime, timezone
 import json
 import math
-import platform
 import os
+import platform
 import re
 import subprocess
 from pathlib import Path

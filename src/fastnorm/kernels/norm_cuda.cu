@@ -25,11 +25,10 @@
 
 namespace fastnorm {
 
-// Vectors cached in registers per thread: 32 elements for 4-byte types (8 x 16 B), 16 B x 4 for 2- and
-// 8-byte types, which need more registers per element once converted.
+// Channel vectors the register channel kernel holds per thread: 8 x 16 B for 4-byte types, 4 x 16 B
+// for 2- and 8-byte types, which need more registers per element once converted.
 template <typename T> constexpr int kCacheOf = sizeof(T) == 4 ? 8 : 4;
-__host__ __device__ constexpr int cache_vectors(int elem_bytes) { return elem_bytes == 4 ? 8 : 4; }
-constexpr int kMaxRowThreads = 512;  // 128 registers per thread: the cache fits without spills
+constexpr int kMaxRowThreads = 512;  // block size of the row and split kernels, at most
 
 template <typename T> struct AccOf { using type = float; };
 template <> struct AccOf<double> { using type = double; };
@@ -381,9 +380,6 @@ struct SplitWorkspace {
   void* partials;          // [2][slots][g] Stats, double-buffered by wave parity
 };
 
-template <typename W>
-__device__ __forceinline__ bool w_present(const W* p) { return p != nullptr; }
-
 __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
   unsigned int v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -451,8 +447,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
   }
   if (slots < a.rows) {
     const int64_t bytes = (v1 - v0) * VEC * int64_t(sizeof(W));
-    if (w_present(a.w)) release_params(a.w + v0 * VEC, bytes);
-    if (w_present(a.b)) release_params(a.b + v0 * VEC, bytes);
+    if (a.w) release_params(a.w + v0 * VEC, bytes);
+    if (a.b) release_params(a.b + v0 * VEC, bytes);
   }
 }
 

@@ -1,7 +1,7 @@
 """Public functional API: torch.nn.functional semantics, plus normalization over any axis (`dim`)."""
 import torch
 
-from fastnorm.ops import extension, norm_ops  # noqa: F401  (norm_ops registers torch.ops.fastnorm.*)
+from fastnorm.ops import norm_ops  # registers torch.ops.fastnorm.*
 from fastnorm.ops.validate import check_affine, norm_dims
 
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
@@ -37,7 +37,7 @@ def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e
     begin, end = norm_dims(x, normalized_shape, dim, "layer_norm")
     check_affine(x, begin, end, "layer_norm", weight=weight, bias=bias)
     if _direct_call_ok(x, weight, bias):
-        return extension.load(x.device.type).norm_forward(x, weight, bias, begin, end, float(eps), False, 0, 0)
+        return norm_ops.layer_norm_kernel(x, begin, end, weight, bias, float(eps))
     return torch.ops.fastnorm.layer_norm(x, begin, end, weight, bias, float(eps))
 
 
@@ -51,5 +51,5 @@ def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None):
     if eps is None:
         eps = torch.finfo(x.dtype).eps
     if _direct_call_ok(x, weight):
-        return extension.load(x.device.type).norm_forward(x, weight, None, begin, end, float(eps), True, 0, 0)
+        return norm_ops.rms_norm_kernel(x, begin, end, weight, float(eps))
     return torch.ops.fastnorm.rms_norm(x, begin, end, weight, float(eps))

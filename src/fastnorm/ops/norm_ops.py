@@ -12,17 +12,19 @@ _lib.define("layer_norm(Tensor x, int begin_dim, int end_dim, Tensor? weight, Te
 _lib.define("rms_norm(Tensor x, int begin_dim, int end_dim, Tensor? weight, float eps) -> Tensor")
 
 
-def _layer_norm_kernel(x, begin_dim, end_dim, weight, bias, eps):
+def layer_norm_kernel(x, begin_dim, end_dim, weight, bias, eps):
+    """The kernel call behind the op (and behind fastnorm.layer_norm when no dispatch is needed)."""
     return extension.load(x.device.type).norm_forward(x, weight, bias, begin_dim, end_dim, eps, False, 0, 0)
 
 
-def _rms_norm_kernel(x, begin_dim, end_dim, weight, eps):
+def rms_norm_kernel(x, begin_dim, end_dim, weight, eps):
+    """The kernel call behind the op (and behind fastnorm.rms_norm when no dispatch is needed)."""
     return extension.load(x.device.type).norm_forward(x, weight, None, begin_dim, end_dim, eps, True, 0, 0)
 
 
 for _key in ("CPU", "CUDA"):
-    _lib.impl("layer_norm", _layer_norm_kernel, _key)
-    _lib.impl("rms_norm", _rms_norm_kernel, _key)
+    _lib.impl("layer_norm", layer_norm_kernel, _key)
+    _lib.impl("rms_norm", rms_norm_kernel, _key)
 
 
 @torch.library.register_fake("fastnorm::layer_norm")
