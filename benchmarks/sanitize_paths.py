@@ -11,6 +11,11 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64):
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
         fastnorm.layer_norm(x, shape[-1:], w, w)
         fastnorm.rms_norm(x, shape[-1:], w)
+    for shape in [(70, 3 * 8192 + 8), (140, 30001)]:  # cluster rows (vector and scalar)
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        w = torch.rand(shape[-1], device="cuda", dtype=dtype)
+        fastnorm.layer_norm(x, shape[-1:], w, w)
+        fastnorm.rms_norm(x, shape[-1:], None)
     big = torch.randn(2, (4 << 20) // torch.finfo(dtype).bits * 8 + 16, device="cuda", dtype=dtype)  # streamed rows
     fastnorm.layer_norm(big, big.shape[-1:], torch.rand(big.shape[-1], device="cuda", dtype=dtype), None)
     ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)

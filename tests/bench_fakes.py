@@ -30,10 +30,11 @@ class FakeTimer:
     def __init__(self, ms: float = 1.0):
         self.ms, self.calls = ms, []
 
-    def __call__(self, fn, *, device, trials=100, warmup=3, flush_l2=True):
+    def __call__(self, fn, *, device, trials=100, warmup=3, flush_l2=True, include_host=True):
         for _ in range(warmup + trials):
             fn()
         self.calls.append(trials)
+        self.include_host = include_host
         return stats(self.ms, trials)
 
 

@@ -54,21 +54,23 @@ def test_cpu_quick_suite_end_to_end(tmp_path):
 def test_default_output_paths_and_filters(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     rc = bench.main(["--device", "cpu", "--quick", "--suite", "latency", "--op", "rms", "--dtype", "bf16",
-                     "--markdown"])
+                     "--markdown", "--timing", "host"])
     out = capsys.readouterr().out
     assert rc == 0
     name = report.slug(report.device_name(torch.device("cpu")))
     json_path = tmp_path / "benchmarks" / "results" / f"bench-{name}.json"
     doc = json.loads(json_path.read_text())
     assert [r["shape"] for r in doc["rows"]] == [[32, 4096]]
+    assert doc["settings"]["timing"] == "host"
     assert json_path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| latency | rms_norm" in out
 
 
 def test_bad_arguments_exit_with_usage_errors(capsys):
-    with pytest.raises(SystemExit) as info:
-        bench.main(["--suite", "nope"])
-    assert info.value.code == 2
+    for bad in (["--suite", "nope"], ["--timing", "wall"]):
+        with pytest.raises(SystemExit) as info:
+            bench.main(bad)
+        assert info.value.code == 2
     assert bench.main(["--device", "cpu", "--suite", "latency", "--dtype", "fp32"]) == 2  # no rows match
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):

@@ -116,3 +116,14 @@ def test_trial_plan_fits_the_budget_within_bounds():
     assert plan.trials_for(0.01) == 100
     assert plan.trials_for(10.0) == 30
     assert plan.trials_for(1000.0) == 10
+
+
+def test_timing_mode_reaches_the_timer():
+    """The plan's include_host (bench --timing) is what every timing call gets; device time by default."""
+    assert TimingPlan().include_host is False
+    for include_host in (False, True):
+        timer = FakeTimer()
+        run = Runner(CPU, TimingPlan(4, 2, 5.0, 1, True, include_host), 1e10, use_compile=False, timer=timer,
+                     fastnorm_factory=eager_fn, log=lambda _: None)
+        assert run.run(LN).status == "ok"
+        assert timer.include_host is include_host

@@ -79,7 +79,8 @@ def params(n_shape, dtype, affine, seed):
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 4096), (8, 4097),
-              (4, 12288), (2, 65536), (3, 100003), (1, 262144), (33, 8192), (130, 2048)]
+              (4, 12288), (2, 65536), (3, 100003), (1, 262144), (33, 8192), (130, 2048),
+              (150, 65536), (40, 262152), (140, 50001)]  # the last three: cluster rows
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -94,6 +95,21 @@ def test_last_dim(shape, dtype, rms):
         b = None if rms else b
         out = run_op(x, x.dim() - 1, x.dim(), w, b, 1e-5, rms)
         check(out, reference(x, x.dim() - 1, x.dim(), w, b, 1e-5, rms), dtype, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(16, 1024), (150, 65536), (3, 5000)])
+def test_fast_entry_matches_op(shape, dtype):
+    """fastnorm.layer_norm / rms_norm take the C++ fast entry for plain calls: same bits as the op."""
+    x = make(shape, dtype, "randn", seed=shape[0])
+    w, b = params(shape[-1:], dtype, True, seed=4)
+    ext = extension.load("cuda")
+    assert ext.try_layer_norm(x, shape[-1:], None, w, b, 1e-5) is not None
+    fast, op = fastnorm.layer_norm(x, shape[-1:], w, b, 1e-5), torch.ops.fastnorm.layer_norm(x, 1, 2, w, b, 1e-5)
+    assert torch.equal(fast, op)
+    fast, op = fastnorm.rms_norm(x, shape[-1:], w, 1e-5), torch.ops.fastnorm.rms_norm(x, 1, 2, w, 1e-5)
+    assert torch.equal(fast, op)
+    check(fastnorm.rms_norm(x, dim=1), reference(x, 1, 2, None, None, torch.finfo(dtype).eps, True), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-ms", type=float, help="time per implementation that sets the trial count")
     p.add_argument("--no-flush-l2", dest="flush_l2", action="store_false",
                    help="do not flush the L2 cache before each trial")
+    p.add_argument("--timing", choices=("device", "host"), default="device",
+                   help="device (default): events bracket the call while the GPU is still busy with the L2 "
+                        "flush, so host-side time overlaps as in a GPU-bound program (like triton's do_bench); "
+                        "host: the GPU is idle when the call starts, so its Python and launch time count too")
     p.add_argument("--json", type=Path, help="JSON output (default benchmarks/results/bench-<device>.json)")
     p.add_argument("--chart", type=Path, help="PNG chart output (default: the JSON path with .png)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -88,7 +92,9 @@ def main(argv=None) -> int:
     base = PLANS[(device.type, args.quick)]
     max_trials = args.trials or base.max_trials
     min_trials = args.min_trials or min(base.min_trials, max_trials)
-    plan = TimingPlan(max_trials, min_trials, args.budget_ms or base.budget_ms, base.warmup, args.flush_l2)
+    include_host = args.timing == "host"
+    plan = TimingPlan(max_trials, min_trials, args.budget_ms or base.budget_ms, base.warmup, args.flush_l2,
+                      include_host)
     cases = suites.select(device.type, quick=args.quick, suites=args.suite, dtypes=args.dtype, ops=args.op)
     if not cases:
         log("fastnorm bench: no rows match the filters")
@@ -97,10 +103,10 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     name = report.device_name(device)
     log(f"fastnorm bench on {name} (torch {torch.__version__}): {len(cases)} rows, "
-        f"compile {'on' if use_compile else 'off'}, up to {plan.max_trials} trials")
+        f"compile {'on' if use_compile else 'off'}, up to {plan.max_trials} trials, {args.timing} timing")
     from fastnorm.harness.timing import copy_bandwidth
 
-    copy_bw = copy_bandwidth(device, COPY_BYTES[device.type])
+    copy_bw = copy_bandwidth(device, COPY_BYTES[device.type], include_host=include_host)
     log(f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s (device-to-device, read + write)")
 
     runner = Runner(device, plan, copy_bw, use_compile=use_compile, log=log)
@@ -113,7 +119,7 @@ def main(argv=None) -> int:
     log(format_table(rows, markdown=args.markdown))
     settings = {"quick": args.quick, "compile": use_compile, "max_trials": plan.max_trials,
                 "min_trials": plan.min_trials, "budget_ms": plan.budget_ms, "warmup": plan.warmup,
-                "flush_l2": plan.flush_l2, "copy_bytes": COPY_BYTES[device.type]}
+                "flush_l2": plan.flush_l2, "timing": args.timing, "copy_bytes": COPY_BYTES[device.type]}
     doc = report.document(rows, device=device, copy_bw=copy_bw, command=["fastnorm", "bench", *argv],
                           settings=settings)
     doc["elapsed_s"] = round(time.perf_counter() - started, 1)

@@ -23,6 +23,7 @@ class TimingPlan:
     budget_ms: float = 300.0
     warmup: int = 3
     flush_l2: bool = True
+    include_host: bool = False  # time.callable's include_host: False = device time, host work overlapped
 
     def trials_for(self, estimate_ms: float) -> int:
         fit = self.budget_ms / max(estimate_ms, 1e-3)
@@ -165,10 +166,10 @@ class Runner:
         return row
 
     def _time(self, fn):
-        probe = self.timer(fn, device=self.device, trials=2, warmup=1, flush_l2=self.plan.flush_l2)
+        timing = {"flush_l2": self.plan.flush_l2, "include_host": self.plan.include_host}
+        probe = self.timer(fn, device=self.device, trials=2, warmup=1, **timing)
         trials = self.plan.trials_for(probe.median_ms)
-        return self.timer(fn, device=self.device, trials=trials, warmup=self.plan.warmup,
-                          flush_l2=self.plan.flush_l2)
+        return self.timer(fn, device=self.device, trials=trials, warmup=self.plan.warmup, **timing)
 
     def _timed(self, name, fn, nbytes, compile_s=None) -> ImplResult:
         try:

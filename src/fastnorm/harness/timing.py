@@ -52,23 +52,26 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def time_callable(fn: Callable[[], object], *, device: torch.device, trials: int = 100, warmup: int = 3,
-                  flush_l2: bool = True) -> TimingStats:
+                  flush_l2: bool = True, include_host: bool = True) -> TimingStats:
     """Median/min/IQR of `fn()` over `trials` runs after `warmup` runs.
 
     CUDA: per trial the L2 cache is flushed (a buffer larger than L2 is overwritten), the device is synchronized,
     then CUDA events on the current stream bracket fn(). Afterwards a device-wide synchronize measures the
     "tail" - work fn() left behind on other streams (see TimingStats.device_tail_ms).
+    include_host=False skips the synchronize after the flush: fn() is then issued while the flush still runs,
+    so its host-side time (Python, argument checks, launches) hides behind the flush as it would behind
+    earlier work in a GPU-bound program, and the events measure device time (triton's do_bench does this).
     CPU: perf_counter around fn(), the last-level cache flushed the same way.
     """
     device = torch.device(device)
     if trials < 1:
         raise ValueError("trials must be >= 1")
     if device.type == "cuda":
-        return _time_cuda(fn, device, trials, warmup, flush_l2)
+        return _time_cuda(fn, device, trials, warmup, flush_l2, include_host)
     return _time_host(fn, device, trials, warmup, flush_l2)
 
 
-def _time_cuda(fn, device, trials, warmup, flush_l2) -> TimingStats:
+def _time_cuda(fn, device, trials, warmup, flush_l2, include_host=True) -> TimingStats:
     with torch.cuda.device(device):
         for _ in range(warmup):
             fn()
@@ -80,7 +83,8 @@ def _time_cuda(fn, device, trials, warmup, flush_l2) -> TimingStats:
         for start, end in zip(starts, ends):
             if flush_l2:
                 flush_cache(device)
-            torch.cuda.synchronize()
+            if include_host or not flush_l2:  # with nothing queued before it, host time always counts
+                torch.cuda.synchronize()
             start.record(stream)
             fn()
             end.record(stream)
@@ -132,7 +136,8 @@ def _host_llc_bytes() -> int:
     return max(sizes, default=32 << 20)
 
 
-def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, trials: int = 10, best: bool = False) -> float:
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, trials: int = 10, best: bool = False,
+                   include_host: bool = True) -> float:
     """Bytes per second of a device-to-device tensor copy, counting bytes read + written (2 * nbytes per copy).
 
     The median over `trials` copies timed by time_callable (best=True: the fastest copy, for a conservative
@@ -142,5 +147,6 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, trials: int = 10
     nbytes = max(int(nbytes), 1 << 20)
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.zeros_like(src)
-    stats = time_callable(lambda: dst.copy_(src), device=device, trials=trials, warmup=2)
+    stats = time_callable(lambda: dst.copy_(src), device=device, trials=trials, warmup=2,
+                          include_host=include_host)
     return 2 * nbytes / ((stats.min_ms if best else stats.median_ms) * 1e-3)

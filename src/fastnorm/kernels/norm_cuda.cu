@@ -4,6 +4,9 @@
 //  * row_norm_kernel       inner == 1, a row handled by a group of threads (1..512) keeping it in
 //                          shared memory (cp.async): one read of x, one write of y, few registers, so
 //                          several rows are in flight on each SM.
+//  * cluster_row_norm_kernel inner == 1, rows of 96-512 KB with enough of them to fill the chip: a
+//                          thread-block cluster per row, slices in shared memory, statistics merged
+//                          through distributed shared memory (no grid-wide barrier).
 //  * split_row_norm_kernel inner == 1, long rows: several blocks per row, each keeping its slice in
 //                          shared memory; partial statistics meet through global memory behind a
 //                          per-row barrier (cooperative launch, so every block is resident).
@@ -21,6 +24,9 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <mutex>
+#include <type_traits>
+
 #include "norm_params.h"
 
 namespace fastnorm {
@@ -29,6 +35,7 @@ namespace fastnorm {
 // for 2- and 8-byte types, which need more registers per element once converted.
 template <typename T> constexpr int kCacheOf = sizeof(T) == 4 ? 8 : 4;
 constexpr int kMaxRowThreads = 512;  // block size of the row and split kernels, at most
+constexpr int kClusterThreads = 256;  // block size of the cluster kernel
 
 template <typename T> struct AccOf { using type = float; };
 template <> struct AccOf<double> { using type = double; };
@@ -235,6 +242,25 @@ __device__ __forceinline__ Affine<A> finalize(const Stats<A>& s, int64_t n, doub
   return {shift, rms ? A(0) : s.mean, rsqrt_acc(var + A(eps))};
 }
 
+// Rounds VEC accumulator values to T. Half types convert in pairs: one instruction per two values.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ Vec<T, VEC> pack(const A (&v)[VEC]) {
+  Vec<T, VEC> y;
+  if constexpr (std::is_same<T, __nv_bfloat16>::value && VEC % 2 == 0) {
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(y.v);
+#pragma unroll
+    for (int e = 0; e < VEC; e += 2) pairs[e / 2] = __floats2bfloat162_rn(v[e], v[e + 1]);
+  } else if constexpr (std::is_same<T, __half>::value && VEC % 2 == 0) {
+    auto* pairs = reinterpret_cast<__half2*>(y.v);
+#pragma unroll
+    for (int e = 0; e < VEC; e += 2) pairs[e / 2] = __floats2half2_rn(v[e], v[e + 1]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) y.v[e] = from_acc<T>(v[e]);
+  }
+  return y;
+}
+
 // y = (x - mean) * rstd * w + b for one vector whose first element is column `col` of the row.
 template <bool kKeep, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const Affine<A>& st,
@@ -242,15 +268,15 @@ __device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const
   A wv[VEC], bv[VEC];
   if (w) load_params<kKeep, VEC>(w + col, wv);
   if (b) load_params<kKeep, VEC>(b + col, bv);
-  Vec<T, VEC> y;
+  A out[VEC];
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
     A v = ((to_acc(x.v[e]) - st.shift) - st.mean) * st.rstd;
     if (w) v *= wv[e];
     if (b) v += bv[e];
-    y.v[e] = from_acc<T>(v);
+    out[e] = v;
   }
-  return y;
+  return pack<T>(out);
 }
 
 template <typename T, typename W>
@@ -288,7 +314,6 @@ struct RowSlice {
   int t, tpr;
 
   __device__ __forceinline__ Stats<A> stats(const V* xv, bool rms, A shift) {
-    const int64_t step = int64_t(kUnroll) * tpr;
     if constexpr (kCached) {
       if constexpr (sizeof(V) >= 4) {
         for (int64_t i = v0 + t; i < v1; i += tpr) cp_async<int(sizeof(V))>(cache + (i - v0), xv + i);
@@ -452,6 +477,99 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
   }
 }
 
+// Cluster rows: a row split over the `g` blocks of a thread-block cluster (2..8), each keeping its
+// slice in shared memory. The blocks exchange partial statistics through distributed shared memory
+// behind the hardware cluster barrier, so clusters never wait for each other: one cluster's loads
+// overlap another's stores on the same SM (the grid-wide barrier of the split kernel cannot).
+// Cluster instructions exist from sm_90 on; older builds compile the kernel empty (the planner never
+// launches it on a device of compute capability below 9).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define FASTNORM_CLUSTERS 1
+#endif
+#ifdef FASTNORM_CLUSTERS
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_size() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_count() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The value at `local` in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ float load_cluster(const float* local, unsigned rank) {
+  unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local)), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+__device__ __forceinline__ double load_cluster(const double* local, unsigned rank) {
+  unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local)), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(kClusterThreads, 2 * MinBlocksOf<T>::value) cluster_row_norm_kernel(
+    RowArgs<T, W> a, int64_t slice_vec) {
+#ifdef FASTNORM_CLUSTERS
+  using A = typename AccOf<T>::type;
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ Stats<A> red[32];
+  __shared__ Stats<A> partial[2];  // this block's share of the current row, double-buffered by row parity
+  const unsigned g = cluster_size(), part = cluster_rank();
+  const int64_t first_row = cluster_id(), row_step = cluster_count();
+  const int64_t nvec = a.n / VEC;
+  const int64_t v0 = min(nvec, int64_t(part) * slice_vec), v1 = min(nvec, v0 + slice_vec);
+  const bool rms = a.rms;
+  V* cache = reinterpret_cast<V*>(dyn_smem);
+  const W* w = a.w ? a.w + v0 * VEC : a.w;  // apply() takes columns relative to v0
+  const W* b = a.b ? a.b + v0 * VEC : a.b;
+  int parity = 0;
+  for (int64_t row = first_row; row < a.rows; row += row_step, parity ^= 1) {
+    const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
+    V* yv = reinterpret_cast<V*>(a.y + row * a.n);
+    const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
+    RowSlice<A, T, VEC, true> slice{cache, v0, v1, int(threadIdx.x), int(blockDim.x)};
+    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), blockDim.x, rms, red);
+    if (threadIdx.x == 0) partial[parity] = s;
+    // Publishes `partial` to the cluster. The next write to this buffer comes two rows later, after
+    // the next barrier, which every block passes only once it has read this row's partials.
+    cluster_sync();
+    const int lane = threadIdx.x & 31;
+    Stats<A> total{A(0), A(0), A(0)};
+    if (lane < int(g)) {  // each warp gathers the g partials itself: no block barrier needed
+      const Stats<A>& p = partial[parity];
+      total = {load_cluster(&p.n, lane), load_cluster(&p.mean, lane), load_cluster(&p.m2, lane)};
+    }
+    for (int off = 16; off > 0; off >>= 1) total = merge(total, shfl_xor(total, off), rms);
+    slice.template apply<false>(xv, yv, w, b, finalize(total, a.n, a.eps, rms, shift));
+  }
+  cluster_sync();  // no block may exit while another can still read its partials
+#else
+  __trap();
+#endif
+}
+
 // Streamed rows, for a few rows of many megabytes (no cache could hold one): three barrier-free
 // kernels. (1) partial statistics of row chunks, (2) per-row totals, (3) each block owns a column
 // chunk, keeps its weight and bias in registers and sweeps every row: x is read twice, but the
@@ -520,12 +638,10 @@ __global__ void __launch_bounds__(kStreamThreads) stream_apply_kernel(RowArgs<T,
     for (int k = 0; k < kStreamVecs; ++k) {
       const int64_t i = first + int64_t(k) * blockDim.x;
       if (i < nvec) {
-        V out;
+        A out[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          out.v[e] = from_acc<T>(((to_acc(r[k].v[e]) - st.shift) - st.mean) * st.rstd * wv[k][e] + bv[k][e]);
-        }
-        store_vec(yv + i, out);
+        for (int e = 0; e < VEC; ++e) out[e] = ((to_acc(r[k].v[e]) - st.shift) - st.mean) * st.rstd * wv[k][e] + bv[k][e];
+        store_vec(yv + i, pack<T>(out));
       }
     }
   }
@@ -644,12 +760,10 @@ __global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, 
       const V r = tile_buf[j * tx + lane];
       const A wj = a.w ? A(to_acc(a.w[j])) : A(1);
       const A bj = a.b ? A(to_acc(a.b[j])) : A(0);
-      V out;
+      A out[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        out.v[e] = from_acc<T>(((to_acc(r.v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj);
-      }
-      store_vec(reinterpret_cast<V*>(yo + j * a.inner), out);
+      for (int e = 0; e < VEC; ++e) out[e] = ((to_acc(r.v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj;
+      store_vec(reinterpret_cast<V*>(yo + j * a.inner), pack<T>(out));
     }
   }
 }
@@ -745,12 +859,12 @@ __global__ void __launch_bounds__(256, 1) strided_norm_kernel(StridedArgs<T, W> 
         if (j < a.n) {
           const A wj = a.w ? A(to_acc(a.w[j])) : A(1);
           const A bj = a.b ? A(to_acc(a.b[j])) : A(0);
-          V out;
+          A out[VEC];
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            out.v[e] = from_acc<T>(((to_acc(cache[k].v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj);
+            out[e] = ((to_acc(cache[k].v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj;
           }
-          store_vec(reinterpret_cast<V*>(yo + j * a.inner), out);
+          store_vec(reinterpret_cast<V*>(yo + j * a.inner), pack<T>(out));
         }
       }
     }
@@ -763,6 +877,7 @@ __global__ void __launch_bounds__(256, 1) strided_norm_kernel(StridedArgs<T, W> 
 struct Device {
   int sms = 0;
   int coop = 0;
+  int major = 0;  // compute capability; clusters need 9 (Hopper) or later
 };
 
 static Device device_info() {
@@ -773,6 +888,7 @@ static Device device_info() {
   if (d.sms == 0) {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&d.coop, cudaDevAttrCooperativeLaunch, dev);
+    cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
   }
   return d;
 }
@@ -843,6 +959,97 @@ template <typename Kernel>
 static void allow_smem(Kernel kernel) {
   cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                        int(kMaxSmem));
+}
+
+// Cluster kernel (H100 measurements: benchmarks/NOTES.md): slices of at most 64 KB, 256 threads so
+// that three blocks fit an SM, and twice as many clusters as are resident. Rows longer than 8 such
+// slices go to the split kernel: 16-block clusters and 128 KB slices both measured slower.
+constexpr int64_t kClusterSliceBytes = 64 << 10;
+constexpr int kMaxCluster = 8;
+constexpr int kClusterWaves = 2;
+
+// Blocks per cluster for a last-dim call, 0 when the cluster kernel does not suit it: rows short
+// enough for the row kernel, too long for 8 slices of shared memory, or too few to fill the chip
+// (the split kernel spreads those wider). Tuning overrides address the row and split kernels.
+static int cluster_blocks(const NormParams& p, const Device& dev) {
+  if (dev.major < 9 || p.blocks_per_row > 0 || p.threads > 0) return 0;
+  const int64_t row_bytes = p.n * elem_size(p.dtype);
+  if (row_bytes <= kRowCacheBytes) return 0;
+  int g = 2;
+  while (g < kMaxCluster && row_bytes > g * kClusterSliceBytes) g *= 2;
+  if ((row_bytes + g - 1) / g > kClusterSliceBytes || p.outer * g < dev.sms) return 0;
+  return g;
+}
+
+template <typename T, typename W, int VEC>
+static void configure_cluster_kernel() {
+  static bool done = false;
+  if (done) return;
+  allow_smem(cluster_row_norm_kernel<T, W, VEC>);
+  done = true;
+}
+
+static cudaLaunchConfig_t cluster_config(int clusters, int g, size_t smem, cudaStream_t stream,
+                                         cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(clusters) * unsigned(g));
+  cfg.blockDim = dim3(kClusterThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = unsigned(g);
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Clusters of g blocks with `smem` bytes of shared memory each that the device holds at once (0:
+// none fits, e.g. a partition whose GPCs have too few SMs). Asked of the driver once per
+// configuration (float64 kernels take more registers than the others, hence `f64`).
+static int cluster_capacity(const NormParams& p, int g, size_t smem) {
+  struct Entry { int dev, f64, g; size_t smem; int clusters; };
+  static Entry cache[32];
+  static int used = 0;
+  static std::mutex mutex;  // the workspace size and the launch must see the same answer
+  const std::lock_guard<std::mutex> lock(mutex);
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const int f64 = p.dtype == FN_F64;
+  for (int i = 0; i < used; ++i) {
+    const Entry& e = cache[i];
+    if (e.dev == dev && e.f64 == f64 && e.g == g && e.smem == smem) return e.clusters;
+  }
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_config(1, g, smem, nullptr, &attr);
+  int clusters = 0;
+  cudaError_t err;
+  if (f64) {
+    configure_cluster_kernel<double, double, 2>();
+    err = cudaOccupancyMaxActiveClusters(&clusters, cluster_row_norm_kernel<double, double, 2>, &cfg);
+  } else {
+    configure_cluster_kernel<float, float, 4>();
+    err = cudaOccupancyMaxActiveClusters(&clusters, cluster_row_norm_kernel<float, float, 4>, &cfg);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: no cluster support is not an error of the call
+    clusters = 0;
+  }
+  cache[used % 32] = Entry{dev, f64, g, smem, clusters};
+  used = used < 32 ? used + 1 : used;
+  return clusters;
+}
+
+static size_t cluster_smem(const NormParams& p, int g, int vec) {
+  const int64_t slice_vec = (p.n / vec + g - 1) / g;
+  return size_t(slice_vec) * size_t(vec) * size_t(elem_size(p.dtype));
+}
+
+// Blocks per cluster if this call runs on the cluster kernel, else 0.
+static int cluster_plan(const NormParams& p, const Device& dev, int vec) {
+  const int g = cluster_blocks(p, dev);
+  return g > 0 && cluster_capacity(p, g, cluster_smem(p, g, vec)) > 0 ? g : 0;
 }
 
 // How a last-dim call is run. g == 1: row kernel, else split kernel with `slots` rows in flight.
@@ -918,8 +1125,28 @@ static const char* launch_streamed(const NormParams& p, cudaStream_t stream) {
 }
 
 template <typename T, typename W, int VEC>
+static const char* launch_cluster(const NormParams& p, int g, cudaStream_t stream) {
+  configure_cluster_kernel<T, W, VEC>();
+  const size_t smem = cluster_smem(p, g, VEC);
+  const int64_t slice_vec = int64_t(smem / sizeof(Vec<T, VEC>));
+  // Persistent clusters, each striding over the rows.
+  int64_t clusters = cluster_capacity(p, g, smem);
+  clusters *= kClusterWaves;
+  if (clusters > p.outer) clusters = p.outer;
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, kClusterThreads, p.rms};
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_config(int(clusters), g, smem, stream, &attr);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, cluster_row_norm_kernel<T, W, VEC>, a, slice_vec);
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, typename W, int VEC>
 static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
-  if (streamed_rows(p, device_info().sms)) return launch_streamed<T, W, VEC>(p, stream);
+  const Device dev = device_info();
+  if (streamed_rows(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
+  const int g = cluster_plan(p, dev, VEC);
+  if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
   const RowPlan plan = plan_rows<T, W, VEC>(p);
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms};
@@ -1012,7 +1239,7 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
     return p.outer * stream_chunks(p, row_vec(p)) * int64_t(sizeof(Stats<double>)) +
            p.outer * int64_t(sizeof(Affine<double>));
   }
-  if (!dev.coop || wanted_blocks_per_row(p, dev.sms) <= 1) return 0;
+  if (!dev.coop || wanted_blocks_per_row(p, dev.sms) <= 1 || cluster_plan(p, dev, row_vec(p)) > 0) return 0;
   // Bound for any split plan: every resident block may own a slot (a 16-byte counter) and writes
   // two partial statistics (double-buffered).
   const int64_t max_blocks = int64_t(dev.sms) * (2048 / split_threads(p) + 1);

@@ -43,6 +43,11 @@ def extension_name(device_type: str) -> str:
     return f"fastnorm_{device_type}_{digest.hexdigest()[:12]}"
 
 
+def loaded_modules() -> dict:
+    """The live mapping of device type -> loaded extension (read-only for callers)."""
+    return _loaded
+
+
 def load(device_type: str):
     """The extension module for `device_type` ("cpu" or "cuda"), building it on first use."""
     module = _loaded.get(device_type)

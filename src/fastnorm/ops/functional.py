@@ -1,8 +1,22 @@
 """Public functional API: torch.nn.functional semantics, plus normalization over any axis (`dim`)."""
 import torch
 
-from fastnorm.ops import norm_ops  # registers torch.ops.fastnorm.*
+from fastnorm.ops import extension, norm_ops  # norm_ops registers torch.ops.fastnorm.*
 from fastnorm.ops.validate import check_affine, norm_dims
+
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_built = extension.loaded_modules()  # device type -> extension, filled as extensions load
+
+
+def _fast_entry(x):
+    """The loaded extension that can take a call on x's device straight from C++, or None. Only an
+    extension that is already loaded: the first call of a process takes the Python path, which
+    validates the arguments before anything is built."""
+    if _is_compiling() or type(x) is not _Tensor:  # this order: dynamo must not trace into C++
+        return None
+    return _built.get("cuda" if x.is_cuda else "cpu")
+
 
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
@@ -34,6 +48,11 @@ def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e
     Same semantics as torch.nn.functional.layer_norm; `dim=1` normalizes the channels of an NCHW tensor
     in place of the trailing dims (weight and bias then have shape x.shape[dim]).
     """
+    ext = _fast_entry(x)
+    if ext is not None:
+        y = ext.try_layer_norm(x, normalized_shape, dim, weight, bias, eps)
+        if y is not None:
+            return y
     begin, end = norm_dims(x, normalized_shape, dim, "layer_norm")
     check_affine(x, begin, end, "layer_norm", weight=weight, bias=bias)
     if _direct_call_ok(x, weight, bias):
@@ -46,6 +65,11 @@ def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None):
 
     Same semantics as torch.nn.functional.rms_norm (eps None means torch.finfo(x.dtype).eps).
     """
+    ext = _fast_entry(x)
+    if ext is not None:
+        y = ext.try_rms_norm(x, normalized_shape, dim, weight, eps)
+        if y is not None:
+            return y
     begin, end = norm_dims(x, normalized_shape, dim, "rms_norm")
     check_affine(x, begin, end, "rms_norm", weight=weight)
     if eps is None:
