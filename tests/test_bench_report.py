@@ -64,3 +64,11 @@ def test_slug_makes_file_names_from_device_names():
 
 def test_git_commit_is_none_outside_a_checkout(tmp_path):
     assert report.git_commit(tmp_path) is None
+
+
+def test_git_commit_override_takes_short_and_full_hashes(tmp_path, monkeypatch):
+    for given in ("ba90a6b", "BA90A6B", "0" * 40):
+        monkeypatch.setenv("FASTNORM_COMMIT", given)
+        assert report.git_commit(tmp_path) == given.lower()
+    monkeypatch.setenv("FASTNORM_COMMIT", "not-a-hash")
+    assert report.git_commit(tmp_path) is None

@@ -36,8 +36,8 @@ def slug(name: str, limit: int = 48) -> str:
 def git_commit(where: Path):
     """HEAD of the git checkout holding `where`, or None (not a checkout, no commit yet, no git).
     FASTNORM_COMMIT overrides it, for runs from a copy of the tree without its .git (a GPU machine)."""
-    given = os.environ.get("FASTNORM_COMMIT", "").strip()
-    if re.fullmatch(r"[0-9a-f]{40}", given):
+    given = os.environ.get("FASTNORM_COMMIT", "").strip().lower()
+    if re.fullmatch(r"[0-9a-f]{7,40}", given):  # short hashes too: a wrong-looking value must not fall back
         return given
     try:
         done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,

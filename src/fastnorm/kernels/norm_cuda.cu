@@ -1086,7 +1086,10 @@ static RowPlan plan_rows(const NormParams& p) {
       return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem};
     }
   }
-  int tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + 7) / 8);  // ~8 vectors per thread
+  // ~8 vectors per thread; a call with fewer rows than SMs is latency-bound: one vector per thread
+  // (up to 512 threads), so each thread waits for one round of loads, not eight.
+  const int64_t per_thread = p.outer < dev.sms ? 1 : 8;
+  int tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + per_thread - 1) / per_thread);
   if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
   const int threads = tpr >= 256 ? tpr : 256;
   const int64_t rows_per_block = threads / tpr;
