@@ -510,19 +510,20 @@ __device__ __forceinline__ unsigned cluster_count() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// The value at `local` in the shared memory of the cluster's block `rank`.
-__device__ __forceinline__ float load_cluster(const float* local, unsigned rank) {
+// Cluster-shared address of `local` in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ unsigned cluster_address(const void* local, unsigned rank) {
   unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local)), remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ float load_cluster(const float* local, unsigned rank) {
   float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(local, rank)) : "memory");
   return v;
 }
 __device__ __forceinline__ double load_cluster(const double* local, unsigned rank) {
-  unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local)), remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
   double v;
-  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(cluster_address(local, rank)) : "memory");
   return v;
 }
 #endif
