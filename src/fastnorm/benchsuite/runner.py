@@ -23,7 +23,7 @@ class TimingPlan:
     budget_ms: float = 300.0
     warmup: int = 3
     flush_l2: bool = True
-    include_host: bool = False  # time.callable's include_host: False = device time, host work overlapped
+    include_host: bool = False  # time_callable's include_host: False = device time, host work overlapped
 
     def trials_for(self, estimate_ms: float) -> int:
         fit = self.budget_ms / max(estimate_ms, 1e-3)

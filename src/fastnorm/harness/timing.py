@@ -71,7 +71,7 @@ def time_callable(fn: Callable[[], object], *, device: torch.device, trials: int
     return _time_host(fn, device, trials, warmup, flush_l2)
 
 
-def _time_cuda(fn, device, trials, warmup, flush_l2, include_host=True) -> TimingStats:
+def _time_cuda(fn, device, trials, warmup, flush_l2, include_host) -> TimingStats:
     with torch.cuda.device(device):
         for _ in range(warmup):
             fn()

@@ -174,10 +174,9 @@ bool shape_arg(PyObject* obj, std::vector<int64_t>* shape) {
     return !PyErr_Occurred() || (PyErr_Clear(), false);
   }
   if (!PyTuple_Check(obj) && !PyList_CheckExact(obj)) return false;  // torch.Size is a tuple
-  PyObject* seq = obj;
-  const Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+  const Py_ssize_t k = PySequence_Fast_GET_SIZE(obj);
   for (Py_ssize_t i = 0; i < k; ++i) {
-    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    PyObject* item = PySequence_Fast_GET_ITEM(obj, i);
     if (!PyLong_CheckExact(item)) return false;
     shape->push_back(PyLong_AsLongLong(item));
     if (PyErr_Occurred()) return PyErr_Clear(), false;
