@@ -16,8 +16,14 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64):
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
         fastnorm.layer_norm(x, shape[-1:], w, w)
         fastnorm.rms_norm(x, shape[-1:], None)
-    big = torch.randn(2, (4 << 20) // torch.finfo(dtype).bits * 8 + 16, device="cuda", dtype=dtype)  # streamed rows
-    fastnorm.layer_norm(big, big.shape[-1:], torch.rand(big.shape[-1], device="cuda", dtype=dtype), None)
+    # Few rows of 4 MB and more: resident rows (2- and 4-byte types), streamed rows (float64, and rows
+    # too long to hold on chip).
+    for rows, n in [(3, (4 << 20) // torch.finfo(dtype).bits * 8 + 16), (2, 9 << 20)]:
+        big = torch.randn(rows, n, device="cuda", dtype=dtype)
+        wb = torch.rand(n, device="cuda", dtype=dtype)
+        fastnorm.layer_norm(big, big.shape[-1:], wb, wb)
+        fastnorm.rms_norm(big, big.shape[-1:], wb)
+        del big, wb
     ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
     for shape in [(2, 5, 3, 7), (2, 64, 8, 16), (1, 300, 4, 4), (1, 3000, 4, 4)]:  # strided: tiled, registers
         x = torch.randn(shape, device="cuda", dtype=dtype)

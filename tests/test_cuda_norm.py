@@ -123,6 +123,25 @@ def test_long_rows(n, dtype, rms):
     check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
 
 
+@pytest.mark.parametrize("rows,n,weighted,kind", [(3, 2**20, True, "randn"), (5, 2**22 + 64, True, "rand"),
+                                                  (2, 2**21 + 4, False, "randn"), (1, 2**22, True, "offset")])
+def test_resident_rms_rows(rows, n, weighted, kind):
+    """float32 RMSNorm of a few rows of 4-17 MB: the row held on chip (resident kernel), with the next-row
+    buffer (several rows), weight vectors re-read from L2 (2**22 + 64), no weight, one row; rows of a view."""
+    base = make((rows, n + 64), torch.float32, kind, seed=n % 89)
+    x = base[:, 64:]  # row stride n + 64, rows start 256 bytes in
+    w = params((n,), torch.float32, True, seed=5)[0] if weighted else None
+    check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), torch.float32)
+    if rows > 1:  # capturable: no host synchronization inside the call
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fastnorm.rms_norm(x, (n,), w, 1e-5)
+        base.copy_(make((rows, n + 64), torch.float32, "rand", seed=7))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, reference(x, 1, 2, w, None, 1e-5, True), torch.float32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 64, 32, 32), (2, 1, 8, 8), (3, 100, 3, 5), (2, 300, 16, 16),

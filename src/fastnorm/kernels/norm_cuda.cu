@@ -12,6 +12,9 @@
 //                          per-row barrier (cooperative launch, so every block is resident).
 //  * stream_*_kernel       inner == 1, a few rows of megabytes: partial statistics, per-row totals,
 //                          then column-owned blocks that read weight and bias once for all rows.
+//  * resident_row_norm_kernel inner == 1, float32 RMSNorm of a few rows of 4-17 MB: one block per SM,
+//                          the whole row on chip (x in registers, weight in shared memory), rows one
+//                          after another behind a grid barrier, so x is read once.
 //  * strided_tile_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
 //  / strided_norm_kernel   16-byte accesses, threads along the reduced axis; the tile in shared memory,
 //                          or in registers (read twice) when it is too large.
@@ -24,6 +27,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <mutex>
 #include <type_traits>
 
@@ -261,22 +265,51 @@ __device__ __forceinline__ Vec<T, VEC> pack(const A (&v)[VEC]) {
   return y;
 }
 
-// y = (x - mean) * rstd * w + b for one vector whose first element is column `col` of the row.
+// y = (x - mean) * rstd * w + b for one vector, the parameters given (has_w / has_b) as values.
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ Vec<T, VEC> normalize_with(const Vec<T, VEC>& x, const Affine<A>& st, bool has_w,
+                                                      const A (&wv)[VEC], bool has_b, const A (&bv)[VEC]) {
+  A out[VEC];
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    A v = ((to_acc(x.v[e]) - st.shift) - st.mean) * st.rstd;
+    if (has_w) v *= wv[e];
+    if (has_b) v += bv[e];
+    out[e] = v;
+  }
+  return pack<T>(out);
+}
+
+// The same for one vector whose first element is column `col` of the row, loading the parameters.
 template <bool kKeep, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const Affine<A>& st,
                                                      const W* w, const W* b, int64_t col) {
   A wv[VEC], bv[VEC];
   if (w) load_params<kKeep, VEC>(w + col, wv);
   if (b) load_params<kKeep, VEC>(b + col, bv);
-  A out[VEC];
+  return normalize_with(x, st, w != nullptr, wv, b != nullptr, bv);
+}
+
+// The parameters of one vector as raw 16-byte pieces (VEC * sizeof(W) is a multiple of 16 on the
+// resident path), as kept in shared memory; converted when used.
+template <typename W, int VEC>
+struct ParamVec {
+  uint4 piece[(int(sizeof(W)) * VEC + 15) / 16];
+};
+
+template <typename W, int VEC>
+__device__ __forceinline__ ParamVec<W, VEC> load_param_vec(const W* p) {
+  ParamVec<W, VEC> r;
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    A v = ((to_acc(x.v[e]) - st.shift) - st.mean) * st.rstd;
-    if (w) v *= wv[e];
-    if (b) v += bv[e];
-    out[e] = v;
-  }
-  return pack<T>(out);
+  for (int j = 0; j < int(sizeof(r.piece) / 16); ++j) r.piece[j] = reinterpret_cast<const uint4*>(p)[j];
+  return r;
+}
+
+template <typename A, typename W, int VEC>
+__device__ __forceinline__ void param_values(const ParamVec<W, VEC>& p, A (&out)[VEC]) {
+  const W* w = reinterpret_cast<const W*>(p.piece);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out[e] = A(to_acc(w[e]));
 }
 
 template <typename T, typename W>
@@ -474,6 +507,111 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
     const int64_t bytes = (v1 - v0) * VEC * int64_t(sizeof(W));
     if (a.w) release_params(a.w + v0 * VEC, bytes);
     if (a.b) release_params(a.b + v0 * VEC, bytes);
+  }
+}
+
+// Resident rows, for a few rows of megabytes: one cooperative wave of blocks (one per SM) holds a
+// whole row on chip, K vectors of x per thread in registers, and keeps weight and bias in shared
+// memory, copied once for all rows (the vectors that do not fit come from L2 every row). Rows go
+// one after the other: the blocks' partial statistics meet behind a grid-wide barrier, then every
+// block normalizes its part from registers. x is read once, y written once, parameters read once.
+// With `prefetch`, shared memory also holds a buffer for the thread's vectors of the next row,
+// copied (cp.async) while the blocks wait at the barrier, so DRAM keeps streaming through it.
+// Grid thread g (= block * blockDim + thread) holds vectors g, g + G, ... (G threads in all).
+constexpr int kResidentThreads = 1024;  // at least the number of SMs: thread j gathers block j's partial
+
+template <typename T, typename W, int VEC, int K>
+__global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(RowArgs<T, W> a, int smem_slots,
+                                                                                int prefetch, SplitWorkspace ws) {
+  using A = typename AccOf<T>::type;
+  using V = Vec<T, VEC>;
+  using P = ParamVec<W, VEC>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ Stats<A> red[32];
+  __shared__ __align__(16) T shift_src[16 / sizeof(T)];  // the row's first 4 bytes, copied
+  const int tid = threadIdx.x, threads = blockDim.x;
+  P* slots = reinterpret_cast<P*>(dyn_smem);  // slot j of this thread: slots[j * threads + tid]
+  V* next = reinterpret_cast<V*>(slots + smem_slots * threads);  // next row: next[k * threads + tid]
+  const bool rms = a.rms, has_w = a.w != nullptr, has_b = a.b != nullptr;
+  const int nvec = int(a.n / VEC);  // at most 8 vectors per thread of the grid
+  const int step = int(gridDim.x) * threads, first = int(blockIdx.x) * threads + tid;
+  // Parameter slots: weight vector k is slot k, bias vector k slot kb + k; slots below smem_slots
+  // live in shared memory. Each thread copies, and later reads, only its own slots and buffer
+  // vectors: no block barrier needed around them.
+  const int kb = has_w ? K : 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = first + k * step;
+    if (i >= nvec) continue;
+#pragma unroll
+    for (int j = 0; j < int(sizeof(P) / 16); ++j) {
+      if (has_w && k < smem_slots)
+        cp_async<16>(&slots[k * threads + tid].piece[j], reinterpret_cast<const uint4*>(a.w + i * VEC) + j);
+      if (has_b && kb + k < smem_slots)
+        cp_async<16>(&slots[(kb + k) * threads + tid].piece[j], reinterpret_cast<const uint4*>(a.b + i * VEC) + j);
+    }
+  }
+  auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
+  for (int64_t row = 0; row < a.rows; ++row) {
+    const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
+    V r[K];
+    // LayerNorm's shift (the row's first element) comes through shared memory: one read per block,
+    // where a read by every warp of the grid would queue on one L2 slice like the partials below.
+    const bool staged = prefetch && row > 0;  // this row's vectors and shift are already copied
+    if (!staged) {
+      if (!rms && tid == 0) cp_async<4>(shift_src, a.x + row * a.x_stride);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = first + k * step;
+        if (i < nvec) r[k] = load_vec<true>(xv + i);
+      }
+    }
+    cp_async_wait_all();  // the parameters (first row), the staged row, the shift
+    if (!rms) __syncthreads();
+    if (staged) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (first + k * step < nvec) r[k] = next[k * threads + tid];
+      }
+    }
+    const A shift = rms ? A(0) : A(to_acc(shift_src[0]));
+    const Stats<A> s = group_reduce(thread_stats<A>(r, first, step, nvec, rms, shift), threads, rms, red);
+    if (prefetch && row + 1 < a.rows) {  // every thread has read shift_src: group_reduce synchronized
+      const T* nx = a.x + (row + 1) * a.x_stride;
+      if (!rms && tid == 0) cp_async<4>(shift_src, nx);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = first + k * step;
+        if (i < nvec) cp_async<16>(&next[k * threads + tid], reinterpret_cast<const V*>(nx) + i);
+      }
+    }
+    // Grid barrier. Partials are double-buffered by row parity: a block rewrites this row's buffer
+    // two rows later, after the next barrier, which no block passes before all have read this one.
+    Stats<A>* part = partials + (row & 1) * gridDim.x;
+    if (tid == 0) {
+      part[blockIdx.x] = s;
+      __threadfence();
+      atomicAdd(ws.arrivals, 1u);
+      const unsigned int target = gridDim.x * unsigned(row + 1);
+      while (load_acquire(ws.arrivals) < target) __nanosleep(20);
+    }
+    __syncthreads();
+    // Thread j < gridDim loads block j's partial: a few requests per block (every warp of the grid
+    // reading all partials queues on one L2 slice: 25-30 us a row), all in flight at once.
+    const Stats<A> mine = tid < int(gridDim.x) ? Stats<A>{__ldcg(&part[tid].n), __ldcg(&part[tid].mean), __ldcg(&part[tid].m2)}
+                                                : Stats<A>{A(0), A(0), A(0)};
+    const Affine<A> st = finalize(group_reduce(mine, threads, rms, red), a.n, a.eps, rms, shift);
+    V* yv = reinterpret_cast<V*>(a.y + row * a.n);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = first + k * step;
+      if (i >= nvec) continue;
+      A wv[VEC], bv[VEC];
+      if (has_w) param_values(k < smem_slots ? slots[k * threads + tid] : load_param_vec<W, VEC>(a.w + i * VEC), wv);
+      if (has_b)
+        param_values(kb + k < smem_slots ? slots[(kb + k) * threads + tid] : load_param_vec<W, VEC>(a.b + i * VEC), bv);
+      store_vec(yv + i, normalize_with(r[k], st, has_w, wv, has_b, bv));
+    }
   }
 }
 
@@ -879,6 +1017,7 @@ struct Device {
   int sms = 0;
   int coop = 0;
   int major = 0;  // compute capability; clusters need 9 (Hopper) or later
+  int smem_optin = 0;  // shared memory a block may ask for
 };
 
 static Device device_info() {
@@ -890,6 +1029,7 @@ static Device device_info() {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&d.coop, cudaDevAttrCooperativeLaunch, dev);
     cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   }
   return d;
 }
@@ -1145,9 +1285,105 @@ static const char* launch_cluster(const NormParams& p, int g, cudaStream_t strea
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+// Resident blocks of `kernel` per SM at `threads` threads and `smem` bytes, asked of the driver once
+// per configuration and device.
+static int blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  struct Entry { const void* kernel; int dev, threads; size_t smem; int blocks; };
+  static Entry cache[64];
+  static int used = 0;
+  static std::mutex mutex;
+  const std::lock_guard<std::mutex> lock(mutex);
+  int dev = 0;
+  cudaGetDevice(&dev);
+  for (int i = 0; i < used; ++i) {
+    const Entry& e = cache[i];
+    if (e.kernel == kernel && e.dev == dev && e.threads == threads && e.smem == smem) return e.blocks;
+  }
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) != cudaSuccess) {
+    cudaGetLastError();
+    blocks = 0;
+  }
+  cache[used % 64] = Entry{kernel, dev, threads, smem, blocks};
+  used = used < 64 ? used + 1 : used;
+  return blocks;
+}
+
+// Resident rows: vectors per thread (1..8; 0 when the call does not suit the kernel), parameter
+// slots in shared memory, and whether a next-row buffer is kept there too. The buffer takes room
+// from the parameters; it is kept when the parameters this pushes out (re-read from L2 every row)
+// stay within kResidentL2Params.
+// Measured on H100 (benchmarks/NOTES.md), the kernel beats the streamed one for float32 RMSNorm
+// only (16x4194304: 298 -> 251 us): each row's statistics, two block reductions and the grid
+// barrier sit on one critical path while DRAM idles, and LayerNorm's longer statistics (two passes,
+// Chan merges) or half types' shorter rows lose more there than reading x once saves.
+struct ResidentPlan {
+  int k, smem_slots, prefetch;
+  size_t smem;
+};
+constexpr int64_t kResidentL2Params = 8 << 20;
+
+template <typename T, typename W, int VEC>
+static const void* resident_kernel(int k) {
+  switch (k) {
+    case 1: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 1>);
+    case 2: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 2>);
+    case 4: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 4>);
+    default: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 8>);
+  }
+}
+
+template <typename T, typename W, int VEC>
+static ResidentPlan resident_plan(const NormParams& p, const Device& dev) {
+  const ResidentPlan none{0, 0, 0, 0};
+  if (!p.rms || !dev.coop || dev.sms > kResidentThreads || !streamed_rows(p, dev.sms)) return none;
+  const int64_t threads = int64_t(dev.sms) * kResidentThreads;
+  const int64_t need = (p.n / VEC + threads - 1) / threads;
+  if (need > 8) return none;  // 32 registers of x a thread
+  const int k = pow2_at_least(need);
+  const int64_t slot_bytes = int64_t(kResidentThreads) * int64_t(sizeof(ParamVec<W, VEC>));
+  const int64_t buffer_bytes = int64_t(k) * kResidentThreads * int64_t(sizeof(Vec<T, VEC>));
+  const int64_t budget = int64_t(dev.smem_optin) - (2 << 10);  // room for the kernel's static arrays
+  const int64_t wanted = int64_t(k) * ((p.weight ? 1 : 0) + (p.bias ? 1 : 0));
+  auto slots_within = [&](int64_t bytes) { return bytes > 0 ? std::min(wanted, bytes / slot_bytes) : int64_t(0); };
+  const int64_t spilled = (wanted - slots_within(budget - buffer_bytes)) * slot_bytes * dev.sms;
+  const int prefetch = p.outer > 1 && budget >= buffer_bytes && spilled <= kResidentL2Params;
+  const int64_t slots = slots_within(prefetch ? budget - buffer_bytes : budget);
+  const size_t smem = size_t(slots * slot_bytes + (prefetch ? buffer_bytes : 0));
+  const void* kernel = resident_kernel<T, W, VEC>(k);
+  static bool smem_allowed[4] = {false, false, false, false};
+  const int which = k == 1 ? 0 : k == 2 ? 1 : k == 4 ? 2 : 3;
+  if (!smem_allowed[which]) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(budget));
+    smem_allowed[which] = true;
+  }
+  if (blocks_per_sm(kernel, kResidentThreads, smem) < 1) return none;
+  return ResidentPlan{k, int(slots), prefetch, smem};
+}
+
+template <typename T, typename W, int VEC>
+static const char* launch_resident(const NormParams& p, const ResidentPlan& plan, cudaStream_t stream) {
+  using A = typename AccOf<T>::type;
+  const Device dev = device_info();
+  const int64_t need = 16 + 2 * int64_t(dev.sms) * int64_t(sizeof(Stats<A>));
+  if (p.workspace == nullptr || p.workspace_bytes < need) return "resident-rows workspace missing or too small";
+  SplitWorkspace ws{static_cast<unsigned int*>(p.workspace), static_cast<unsigned char*>(p.workspace) + 16};
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, kResidentThreads, p.rms};
+  int slots = plan.smem_slots, prefetch = plan.prefetch;
+  void* args[] = {&a, &slots, &prefetch, &ws};
+  const cudaError_t err = cudaLaunchCooperativeKernel(resident_kernel<T, W, VEC>(plan.k), dim3(unsigned(dev.sms)),
+                                                      dim3(kResidentThreads), args, plan.smem, stream);
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
 template <typename T, typename W, int VEC>
 static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   const Device dev = device_info();
+  if constexpr (VEC > 1 && std::is_same<T, float>::value && std::is_same<W, float>::value) {  // see resident_plan
+    const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);
+    if (resident.k > 0) return launch_resident<T, W, VEC>(p, resident, stream);
+  }
   if (streamed_rows(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
   const int g = cluster_plan(p, dev, VEC);
   if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
@@ -1239,9 +1475,11 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
   using namespace fastnorm;
   if (p.inner != 1 || p.outer == 0 || p.n == 0) return 0;
   const Device dev = device_info();
-  if (streamed_rows(p, dev.sms)) {
-    return p.outer * stream_chunks(p, row_vec(p)) * int64_t(sizeof(Stats<double>)) +
-           p.outer * int64_t(sizeof(Affine<double>));
+  if (streamed_rows(p, dev.sms)) {  // enough for the streamed and the resident kernels
+    const int64_t streamed = p.outer * stream_chunks(p, row_vec(p)) * int64_t(sizeof(Stats<double>)) +
+                             p.outer * int64_t(sizeof(Affine<double>));
+    const int64_t resident = 16 + 2 * int64_t(dev.sms) * int64_t(sizeof(Stats<double>));
+    return streamed > resident ? streamed : resident;
   }
   if (!dev.coop || wanted_blocks_per_row(p, dev.sms) <= 1 || cluster_plan(p, dev, row_vec(p)) > 0) return 0;
   // Bound for any split plan: every resident block may own a slot (a 16-byte counter) and writes
