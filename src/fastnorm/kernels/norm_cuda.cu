@@ -83,28 +83,27 @@ __device__ __forceinline__ V load_vec(const V* p) {
   return out;
 }
 
+// Stores of y: plain. Evict-first (st.global.cs) stores measured 2-3.5 points of copy bandwidth
+// slower on H100 for rows of 4-64 KB (benchmarks/NOTES.md, "hints").
 template <typename V>
 __device__ __forceinline__ void store_vec(V* p, const V& v) {
   if constexpr (sizeof(V) == 16) {
-    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
   } else if constexpr (sizeof(V) == 8) {
-    __stcs(reinterpret_cast<uint2*>(p), *reinterpret_cast<const uint2*>(&v));
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(&v);
   } else {
     *p = v;
   }
 }
 
 // Asynchronous global -> shared copies: a thread issues all of its copies before waiting, so its
-// whole share of a row is in flight without holding registers. 16-byte copies bypass L1 and are
-// marked evict-first in L2 (x is read once).
+// whole share of a row is in flight without holding registers. 16-byte copies bypass L1; no L2
+// hint (an evict-first hint measured slower, like the stores above).
 template <int kBytes>
 __device__ __forceinline__ void cp_async(void* dst, const void* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   if constexpr (kBytes == 16) {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "l"(policy)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(src), "n"(kBytes) : "memory");
   }
@@ -132,7 +131,7 @@ __device__ __forceinline__ void release_params(const void* p, int64_t bytes) {
 }
 
 // Weight and bias of VEC consecutive columns, in 16-byte pieces when aligned. Plain loads (normal
-// L2 priority) while x and y stream with evict-first hints, so L2 keeps the parameters across rows.
+// L2 priority); kKeep: evict-last, for parameters re-read by every wave of the split kernel.
 // Not __ldg: the compiler may hoist that intrinsic above the caller's null check of an absent bias.
 template <bool kKeep, int VEC, typename W, typename A>
 __device__ __forceinline__ void load_params(const W* p, A (&out)[VEC]) {
@@ -311,6 +310,40 @@ __device__ __forceinline__ void param_values(const ParamVec<W, VEC>& p, A (&out)
 #pragma unroll
   for (int e = 0; e < VEC; ++e) out[e] = A(to_acc(w[e]));
 }
+
+// Weight and bias of the K grid-strided vectors a thread of the resident kernel owns (vectors
+// first, first + step, ...), as slots: weight vector k is slot k, bias vector k slot kb + k. Slots
+// below `count` are copied once into shared memory (slot j of this thread at smem[j * threads +
+// tid]); the rest are read from L2 whenever used. Each thread copies, and later reads, only its own
+// slots: no block barrier is needed around them.
+template <typename W, int VEC, int K>
+struct ParamSlots {
+  ParamVec<W, VEC>* smem;
+  int count, tid, threads;
+
+  __device__ __forceinline__ void copy(const W* w, const W* b, int first, int step, int nvec) const {
+    const int kb = w ? K : 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = first + k * step;
+      if (i >= nvec) continue;
+#pragma unroll
+      for (int j = 0; j < int(sizeof(ParamVec<W, VEC>) / 16); ++j) {
+        if (w && k < count) cp_async<16>(&smem[k * threads + tid].piece[j], reinterpret_cast<const uint4*>(w + i * VEC) + j);
+        if (b && kb + k < count)
+          cp_async<16>(&smem[(kb + k) * threads + tid].piece[j], reinterpret_cast<const uint4*>(b + i * VEC) + j);
+      }
+    }
+  }
+
+  // The parameters of the thread's vector k (vector i of the row), converted.
+  template <typename A>
+  __device__ __forceinline__ void values(const W* w, const W* b, int k, int i, A (&wv)[VEC], A (&bv)[VEC]) const {
+    const int kb = w ? K : 0;
+    if (w) param_values(k < count ? smem[k * threads + tid] : load_param_vec<W, VEC>(w + int64_t(i) * VEC), wv);
+    if (b) param_values(kb + k < count ? smem[(kb + k) * threads + tid] : load_param_vec<W, VEC>(b + int64_t(i) * VEC), bv);
+  }
+};
 
 template <typename T, typename W>
 struct RowArgs {
@@ -535,22 +568,8 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
   const bool rms = a.rms, has_w = a.w != nullptr, has_b = a.b != nullptr;
   const int nvec = int(a.n / VEC);  // at most 8 vectors per thread of the grid
   const int step = int(gridDim.x) * threads, first = int(blockIdx.x) * threads + tid;
-  // Parameter slots: weight vector k is slot k, bias vector k slot kb + k; slots below smem_slots
-  // live in shared memory. Each thread copies, and later reads, only its own slots and buffer
-  // vectors: no block barrier needed around them.
-  const int kb = has_w ? K : 0;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int i = first + k * step;
-    if (i >= nvec) continue;
-#pragma unroll
-    for (int j = 0; j < int(sizeof(P) / 16); ++j) {
-      if (has_w && k < smem_slots)
-        cp_async<16>(&slots[k * threads + tid].piece[j], reinterpret_cast<const uint4*>(a.w + i * VEC) + j);
-      if (has_b && kb + k < smem_slots)
-        cp_async<16>(&slots[(kb + k) * threads + tid].piece[j], reinterpret_cast<const uint4*>(a.b + i * VEC) + j);
-    }
-  }
+  const ParamSlots<W, VEC, K> params{slots, smem_slots, tid, threads};
+  params.copy(a.w, a.b, first, step, nvec);
   auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
   for (int64_t row = 0; row < a.rows; ++row) {
     const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
@@ -607,9 +626,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
       const int i = first + k * step;
       if (i >= nvec) continue;
       A wv[VEC], bv[VEC];
-      if (has_w) param_values(k < smem_slots ? slots[k * threads + tid] : load_param_vec<W, VEC>(a.w + i * VEC), wv);
-      if (has_b)
-        param_values(kb + k < smem_slots ? slots[(kb + k) * threads + tid] : load_param_vec<W, VEC>(a.b + i * VEC), bv);
+      params.values(a.w, a.b, k, i, wv, bv);
       store_vec(yv + i, normalize_with(r[k], st, has_w, wv, has_b, bv));
     }
   }
@@ -1092,6 +1109,10 @@ static bool streamed_rows(const NormParams& p, int sms) {
   return p.blocks_per_row <= 0 && p.n * elem_size(p.dtype) >= kStreamRowBytes && p.outer < sms;
 }
 
+// Workspace of the resident kernel: the arrival counter (16 bytes), then partial
+// statistics of every block, double-buffered (sized for the widest accumulator).
+static int64_t grid_rows_workspace(int sms) { return 16 + 2 * int64_t(sms) * int64_t(sizeof(Stats<double>)); }
+
 // Workspace of the streamed path: partial statistics [rows][chunks], then per-row Affine.
 static int64_t stream_chunks(const NormParams& p, int vec) { return (p.n / vec + kStreamChunkVec - 1) / kStreamChunkVec; }
 
@@ -1227,9 +1248,10 @@ static RowPlan plan_rows(const NormParams& p) {
       return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem};
     }
   }
-  // ~8 vectors per thread; a call with fewer rows than SMs is latency-bound: one vector per thread
-  // (up to 512 threads), so each thread waits for one round of loads, not eight.
-  const int64_t per_thread = p.outer < dev.sms ? 1 : 8;
+  // Vectors per thread: 4 for 4-byte types, 8 for 2-byte ones (H100: best of 2, 4, 8 on rows of
+  // 4-16 KB); a call with fewer rows than SMs is latency-bound: one vector per thread (up to 512
+  // threads), so each thread waits for one round of loads, not several.
+  const int64_t per_thread = p.outer < dev.sms ? 1 : sizeof(T) == 4 ? 4 : 8;
   int tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + per_thread - 1) / per_thread);
   if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
   const int threads = tpr >= 256 ? tpr : 256;
@@ -1241,7 +1263,9 @@ static RowPlan plan_rows(const NormParams& p) {
     if (!smem_allowed) allow_smem(row_norm_kernel<T, W, VEC, true>), smem_allowed = true;
   }
   const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
-  const int64_t cap = int64_t(dev.sms) * 32;
+  // Blocks beyond what is resident queue up, but smaller blocks leave a shorter tail: a cap of 32
+  // blocks per SM (two row batches per block at 65536x1024) measured 1-2 points slower than 256.
+  const int64_t cap = int64_t(dev.sms) * 256;
   return RowPlan{tpr, threads, 1, 0, int(blocks < cap ? blocks : cap), cache_vec,
                  size_t(cache_vec ? cache_bytes : 0)};
 }
@@ -1363,10 +1387,8 @@ static ResidentPlan resident_plan(const NormParams& p, const Device& dev) {
 
 template <typename T, typename W, int VEC>
 static const char* launch_resident(const NormParams& p, const ResidentPlan& plan, cudaStream_t stream) {
-  using A = typename AccOf<T>::type;
   const Device dev = device_info();
-  const int64_t need = 16 + 2 * int64_t(dev.sms) * int64_t(sizeof(Stats<A>));
-  if (p.workspace == nullptr || p.workspace_bytes < need) return "resident-rows workspace missing or too small";
+  if (p.workspace == nullptr || p.workspace_bytes < grid_rows_workspace(dev.sms)) return "resident-rows workspace missing or too small";
   SplitWorkspace ws{static_cast<unsigned int*>(p.workspace), static_cast<unsigned char*>(p.workspace) + 16};
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, kResidentThreads, p.rms};
@@ -1478,8 +1500,7 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
   if (streamed_rows(p, dev.sms)) {  // enough for the streamed and the resident kernels
     const int64_t streamed = p.outer * stream_chunks(p, row_vec(p)) * int64_t(sizeof(Stats<double>)) +
                              p.outer * int64_t(sizeof(Affine<double>));
-    const int64_t resident = 16 + 2 * int64_t(dev.sms) * int64_t(sizeof(Stats<double>));
-    return streamed > resident ? streamed : resident;
+    return std::max(streamed, grid_rows_workspace(dev.sms));
   }
   if (!dev.coop || wanted_blocks_per_row(p, dev.sms) <= 1 || cluster_plan(p, dev, row_vec(p)) > 0) return 0;
   // Bound for any split plan: every resident block may own a slot (a 16-byte counter) and writes
