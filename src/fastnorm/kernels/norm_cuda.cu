@@ -83,26 +83,34 @@ __device__ __forceinline__ V load_vec(const V* p) {
   return out;
 }
 
-// Stores of y: plain. Evict-first (st.global.cs) stores measured 2-3.5 points of copy bandwidth
-// slower on H100 for rows of 4-64 KB (benchmarks/NOTES.md, "hints").
-template <typename V>
+// L2 hints on x and y (H100, benchmarks/NOTES.md "hints"): the row kernel and the channel-tile
+// kernel run 1.5-6 points of copy bandwidth faster without them, on every shape of the suite; the
+// split, cluster and resident kernels, which re-read parameters (or a next row) from L2 while x and
+// y stream, run up to 11 points faster with x copied and y stored evict-first. Hence the switch.
+template <bool kEvictFirst = true, typename V>
 __device__ __forceinline__ void store_vec(V* p, const V& v) {
   if constexpr (sizeof(V) == 16) {
-    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
+    const uint4 r = *reinterpret_cast<const uint4*>(&v);
+    if (kEvictFirst) __stcs(reinterpret_cast<uint4*>(p), r); else *reinterpret_cast<uint4*>(p) = r;
   } else if constexpr (sizeof(V) == 8) {
-    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(&v);
+    const uint2 r = *reinterpret_cast<const uint2*>(&v);
+    if (kEvictFirst) __stcs(reinterpret_cast<uint2*>(p), r); else *reinterpret_cast<uint2*>(p) = r;
   } else {
     *p = v;
   }
 }
 
 // Asynchronous global -> shared copies: a thread issues all of its copies before waiting, so its
-// whole share of a row is in flight without holding registers. 16-byte copies bypass L1; no L2
-// hint (an evict-first hint measured slower, like the stores above).
-template <int kBytes>
+// whole share of a row is in flight without holding registers. 16-byte copies bypass L1.
+template <int kBytes, bool kEvictFirst = true>
 __device__ __forceinline__ void cp_async(void* dst, const void* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  if constexpr (kBytes == 16) {
+  if constexpr (kBytes == 16 && kEvictFirst) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "l"(policy)
+                 : "memory");
+  } else if constexpr (kBytes == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(src), "n"(kBytes) : "memory");
@@ -371,7 +379,7 @@ template <> struct MinBlocksOf<double> { static constexpr int value = 1; };
 // from the cache or by reading x again (then from L2, the slice having just been read).
 // Thread t handles vectors t, t + tpr, ...: coalesced global accesses, conflict-free shared memory,
 // and each thread reads back only what it wrote itself (no barrier between the phases).
-template <typename A, typename T, int VEC, bool kCached>
+template <typename A, typename T, int VEC, bool kCached, bool kEvictFirst = true>
 struct RowSlice {
   using V = Vec<T, VEC>;
   static constexpr int kUnroll = UnrollOf<T>::value;
@@ -382,7 +390,7 @@ struct RowSlice {
   __device__ __forceinline__ Stats<A> stats(const V* xv, bool rms, A shift) {
     if constexpr (kCached) {
       if constexpr (sizeof(V) >= 4) {
-        for (int64_t i = v0 + t; i < v1; i += tpr) cp_async<int(sizeof(V))>(cache + (i - v0), xv + i);
+        for (int64_t i = v0 + t; i < v1; i += tpr) cp_async<int(sizeof(V)), kEvictFirst>(cache + (i - v0), xv + i);
         cp_async_wait_all();  // a thread only reads back its own copies: no barrier needed
       } else {
         for (int64_t i = v0 + t; i < v1; i += tpr) cache[i - v0] = load_vec<true>(xv + i);
@@ -433,7 +441,7 @@ struct RowSlice {
     for (int64_t i = v0 + t; i < v1; i += tpr) {
       V r;
       if constexpr (kCached) r = cache[i - v0]; else r = load_vec<true>(xv + i);
-      store_vec(yv + i, normalize_vec<kKeep, A>(r, st, w, b, (i - v0) * VEC));
+      store_vec<kEvictFirst>(yv + i, normalize_vec<kKeep, A>(r, st, w, b, (i - v0) * VEC));
     }
   }
 };
@@ -458,7 +466,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) row_nor
     const V* xv = reinterpret_cast<const V*>(a.x + (active ? row : 0) * a.x_stride);
     V* yv = reinterpret_cast<V*>(a.y + (active ? row : 0) * a.n);
     const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
-    RowSlice<A, T, VEC, kCached> slice{cache, 0, active ? nvec : 0, int(threadIdx.x % tpr), tpr};
+    RowSlice<A, T, VEC, kCached, false> slice{cache, 0, active ? nvec : 0, int(threadIdx.x % tpr), tpr};
     const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, red);
     if (active) slice.template apply<false>(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
   }
@@ -863,7 +871,7 @@ __global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, 
     if (active) {
       for (int64_t j = ty; j < a.n; j += tyn) {
         const V* src = reinterpret_cast<const V*>(xo + j * a.inner);
-        if constexpr (sizeof(V) >= 4) cp_async<int(sizeof(V))>(tile_buf + j * tx + lane, src);
+        if constexpr (sizeof(V) >= 4) cp_async<int(sizeof(V)), false>(tile_buf + j * tx + lane, src);
         else tile_buf[j * tx + lane] = load_vec<true>(src);
       }
     }
@@ -919,7 +927,7 @@ __global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, 
       A out[VEC];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) out[e] = ((to_acc(r.v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj;
-      store_vec(reinterpret_cast<V*>(yo + j * a.inner), pack<T>(out));
+      store_vec<false>(reinterpret_cast<V*>(yo + j * a.inner), pack<T>(out));
     }
   }
 }
