@@ -98,6 +98,28 @@ def test_last_dim(shape, dtype, rms):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 1024), (33, 8192), (5, 100003), (4, 2**20)])
+def test_constant_rows_near_float_max(shape, dtype):
+    """Rows of one huge value: the mean must not overflow (a plain sum of 4096 x 3e37 would), so the
+    output is exactly the bias."""
+    x = torch.full(shape, 3e37, device=DEV, dtype=dtype)
+    w, b = params(shape[-1:], dtype, True, seed=4)
+    out = run_op(x, 1, 2, w, b, 1e-5, False)
+    assert torch.equal(out, b.expand(shape))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 1024), (33, 8192), (5, 100003), (4, 2**20)])
+@pytest.mark.parametrize("which", ["weight", "bias"])
+def test_layer_norm_weight_or_bias_only(shape, dtype, which):
+    """Each kernel has a separate output loop per parameter case: weight alone, bias alone."""
+    x = make(shape, dtype, "randn", seed=7)
+    w, b = params(shape[-1:], dtype, True, seed=3)
+    w, b = (w, None) if which == "weight" else (None, b)
+    check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b, 1e-5, False), dtype, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(16, 1024), (150, 65536), (3, 5000)])
 def test_fast_entry_matches_op(shape, dtype):
     """fastnorm.layer_norm / rms_norm take the C++ fast entry for plain calls: same bits as the op."""

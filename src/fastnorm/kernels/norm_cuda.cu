@@ -19,9 +19,12 @@
 //  / strided_norm_kernel   16-byte accesses, threads along the reduced axis; the tile in shared memory,
 //                          or in registers (read twice) when it is too large.
 // Rows (slices) that do not fit the cache are read twice, the second time mostly from L2.
-// Statistics: each thread computes exact (count, mean, M2) of the values it holds, and these are
-// combined with Chan's parallel formula. All values of a row are taken relative to one shift (the
-// row's first element), so merged means stay small and large offsets (x + 1000) cost no precision.
+// Statistics: the row kernel (rows in shared memory) makes passes over the cached row, each ending
+// in a plain sum over the row's threads: a rough mean, then the corrected two-pass sums about it.
+// The other kernels compute exact (count, mean, M2) of the values each thread holds and combine
+// them with Chan's parallel formula, all relative to one shift (the row's first element), so merged
+// means stay small. Either way large offsets (x + 1000) cost no precision, and the output is
+// (x - center) * rstd + offset with the mean split into center + exact rounding error (Affine).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -59,6 +62,24 @@ template <typename T> __device__ __forceinline__ T from_acc(double v) { return s
 
 __device__ __forceinline__ float rsqrt_acc(float v) { return rsqrtf(v); }
 __device__ __forceinline__ double rsqrt_acc(double v) { return 1.0 / sqrt(v); }
+
+// VEC values of T in the accumulator type. bf16 pairs take one integer instruction each (the
+// generic conversion spends a permute and a shift on every odd element): half the instructions of
+// the bf16 row kernel were conversions and addressing (ncu, H100).
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void widen(const T (&v)[VEC], A (&out)[VEC]) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value && VEC % 2 == 0) {
+    const uint32_t* pairs = reinterpret_cast<const uint32_t*>(v);
+#pragma unroll
+    for (int e = 0; e < VEC / 2; ++e) {
+      out[2 * e] = __uint_as_float(pairs[e] << 16);
+      out[2 * e + 1] = __uint_as_float(pairs[e] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = A(to_acc(v[e]));
+  }
+}
 
 // VEC elements of T moved as one aligned access.
 template <typename T, int VEC>
@@ -150,9 +171,7 @@ __device__ __forceinline__ void load_params(const W* p, A (&out)[VEC]) {
     for (int piece = 0; piece < kBytes / 16; ++piece) {
       const uint4* q = reinterpret_cast<const uint4*>(p) + piece;
       const uint4 r = kKeep ? load16_keep(q) : *q;
-      const W* w = reinterpret_cast<const W*>(&r);
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) out[piece * kPer + e] = A(to_acc(w[e]));
+      widen(*reinterpret_cast<const W(*)[kPer]>(&r), *reinterpret_cast<A(*)[kPer]>(out + piece * kPer));
     }
   } else {
 #pragma unroll
@@ -208,6 +227,41 @@ __device__ Stats<A> group_reduce(Stats<A> s, int tpr, bool rms, Stats<A>* smem) 
   return t;
 }
 
+// Sums of K values over each group of `tpr` consecutive threads (tpr a power of two); every thread
+// of the group gets them. All threads of the block must call it. `smem` (32 * K values) must not be
+// the one the block's previous call used: alternating two buffers, one barrier per call suffices.
+// The shuffle levels are unrolled and predicated: a runtime loop costs more than the shuffles.
+template <int K, typename A>
+__device__ __forceinline__ void group_sums(A (&v)[K], int tpr, A* smem) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    if (off < tpr) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    }
+  }
+  if (tpr <= 32) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warps_per_group = tpr >> 5;
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) smem[k * 32 + warp] = v[k];
+  }
+  __syncthreads();
+  // Every lane reads one partial of its group (lane modulo the group's warps), so the xor tree
+  // leaves the totals in all 32 lanes.
+  const int src = (warp & ~(warps_per_group - 1)) + (lane & (warps_per_group - 1));
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = smem[k * 32 + src];
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) {
+    if (off < warps_per_group) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    }
+  }
+}
+
 // Exact statistics, relative to `shift`, of the valid values a thread holds (two passes over
 // registers).
 template <typename A, typename T, int VEC, int kCache>
@@ -241,16 +295,34 @@ __device__ __forceinline__ Stats<A> thread_stats(const Vec<T, VEC> (&cache)[kCac
   return {n, mean, m2};
 }
 
-// y = ((x - shift) - mean) * rstd: mean is relative to the shift the statistics were taken with.
+// y = (x - center) * rstd + offset. The row mean is center + lo exactly (center rounded, lo its
+// rounding error), and offset = -lo * rstd. x - center is exact for x near the mean (x + 1000), so
+// the output keeps full precision there, and a mean far from the shift costs nothing either.
 template <typename A>
 struct Affine {
-  A shift, mean, rstd;
+  A center, offset, rstd;
 };
 
 template <typename A>
+__device__ __forceinline__ A normalized(A x, const Affine<A>& st) {
+  return fma(x - st.center, st.rstd, st.offset);
+}
+
+// LayerNorm's affine map for a row of mean shift + mean_rel and variance var (RMSNorm: center 0).
+// The sum shift + mean_rel is split into its rounded value and its exact error (Knuth's two-sum).
+template <typename A>
+__device__ __forceinline__ Affine<A> affine_of(A shift, A mean_rel, A var, double eps, bool rms) {
+  const A rstd = rsqrt_acc(var + A(eps));
+  if (rms) return {A(0), A(0), rstd};
+  const A center = shift + mean_rel;
+  const A b = center - shift;
+  const A lo = (shift - (center - b)) + (mean_rel - b);
+  return {center, -lo * rstd, rstd};
+}
+
+template <typename A>
 __device__ __forceinline__ Affine<A> finalize(const Stats<A>& s, int64_t n, double eps, bool rms, A shift) {
-  const A var = s.m2 / A(n);
-  return {shift, rms ? A(0) : s.mean, rsqrt_acc(var + A(eps))};
+  return affine_of(shift, s.mean, s.m2 / A(n), eps, rms);
 }
 
 // Rounds VEC accumulator values to T. Half types convert in pairs: one instruction per two values.
@@ -277,12 +349,20 @@ template <typename A, typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> normalize_with(const Vec<T, VEC>& x, const Affine<A>& st, bool has_w,
                                                       const A (&wv)[VEC], bool has_b, const A (&bv)[VEC]) {
   A out[VEC];
+  widen(x.v, out);
+  // One test per vector, not per element: a conditional expression per element compiled to
+  // branches and cost the cluster kernel 3-5 points (H100).
+  if (has_w && has_b) {
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    A v = ((to_acc(x.v[e]) - st.shift) - st.mean) * st.rstd;
-    if (has_w) v *= wv[e];
-    if (has_b) v += bv[e];
-    out[e] = v;
+    for (int e = 0; e < VEC; ++e) out[e] = fma(normalized(out[e], st), wv[e], bv[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      A v = normalized(out[e], st);
+      if (has_w) v *= wv[e];
+      if (has_b) v += bv[e];
+      out[e] = v;
+    }
   }
   return pack<T>(out);
 }
@@ -372,6 +452,10 @@ template <> struct UnrollOf<double> { static constexpr int value = 2; };
 // Blocks of kMaxRowThreads per SM the register budget is sized for (64 registers; float64 needs more).
 template <typename T> struct MinBlocksOf { static constexpr int value = 2; };
 template <> struct MinBlocksOf<double> { static constexpr int value = 1; };
+// The cached row kernel keeps x in shared memory, not registers: 3 blocks (42 registers a thread)
+// fit without spilling, and the extra rows in flight hide the latency of each row's reductions.
+template <typename T> struct CachedRowBlocksOf { static constexpr int value = 3; };
+template <> struct CachedRowBlocksOf<double> { static constexpr int value = 1; };
 
 // The vectors [v0, v1) of one row, processed by a group of `tpr` threads (this is thread `t`):
 // `stats` reads them once, keeping them in shared memory (`cache`) when the caller gave room, and
@@ -395,12 +479,12 @@ struct RowSlice {
       } else {
         for (int64_t i = v0 + t; i < v1; i += tpr) cache[i - v0] = load_vec<true>(xv + i);
       }
-      A n = A(0), sum = A(0);
+      A n = A(0), sum = A(0), vals[VEC];
       for (int64_t i = v0 + t; i < v1; i += tpr) {
-        const V r = cache[i - v0];
+        widen(cache[i - v0].v, vals);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const A v = to_acc(r.v[e]) - shift;
+          const A v = vals[e] - shift;
           sum += rms ? v * v : v;
         }
         n += A(VEC);
@@ -409,10 +493,10 @@ struct RowSlice {
       const A mean = sum / n;
       A m2 = A(0);
       for (int64_t i = v0 + t; i < v1; i += tpr) {
-        const V r = cache[i - v0];
+        widen(cache[i - v0].v, vals);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const A d = (to_acc(r.v[e]) - shift) - mean;
+          const A d = (vals[e] - shift) - mean;
           m2 += d * d;
         }
       }
@@ -446,16 +530,50 @@ struct RowSlice {
   }
 };
 
+// Normalizes and stores the `count` cached vectors t, t + tpr, ... of a row (tpr = 1 << sh). One
+// loop per case of the template flags (kCenter: LayerNorm, else RMSNorm; kW, kB: weight, bias)
+// keeps the checks out of the loop; ncu counted ~20 instructions a vector for them before.
+// (Prefetching the next vector's parameters into L1 measured 3-37 points slower, H100.)
+template <bool kCenter, bool kW, bool kB, typename A, typename T, typename W, int VEC>
+__device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
+                                                 const Affine<A>& st, int t, int sh, int count) {
+#pragma unroll 1
+  for (int k = 0; k < count; ++k) {
+    const int i = t + (k << sh);
+    A v[VEC], wv[VEC], bv[VEC];
+    if constexpr (kW) load_params<false, VEC>(w + int64_t(i) * VEC, wv);
+    if constexpr (kB) load_params<false, VEC>(b + int64_t(i) * VEC, bv);
+    widen(cache[i].v, v);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      A u = kCenter ? normalized(v[e], st) : v[e] * st.rstd;
+      if constexpr (kW && kB) u = fma(u, wv[e], bv[e]);
+      else if constexpr (kW) u *= wv[e];
+      else if constexpr (kB) u += bv[e];
+      v[e] = u;
+    }
+    store_vec<false>(yv + i, pack<T>(v));
+  }
+}
+
 // One row per group of `tpr` threads, blockDim / tpr rows per block; `cache_vec` vectors of shared
 // memory per row (0: no cache, x is read twice).
+// Cached rows take their statistics in passes over shared memory, each ending in one plain sum
+// over the group: the sum of x / n gives a rough mean c, then the corrected two-pass sums of d = x - c
+// and d * d give the variance and the exact mean (c plus a small correction), however far the
+// mean is from zero. Cheaper than merging (count, mean, M2) triples, whose divisions made up a
+// tenth of the bf16 kernel's instructions, and as accurate.
 template <typename T, typename W, int VEC, bool kCached>
-__global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec) {
+__global__ void __launch_bounds__(kMaxRowThreads, kCached ? CachedRowBlocksOf<T>::value : MinBlocksOf<T>::value) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec) {
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ Stats<A> red[32];
-  const int tpr = a.tpr, rows_per_block = blockDim.x / tpr;
-  const int group = threadIdx.x / tpr;
+  __shared__ A sums[2][64];
+  int buf = 0;
+  const int tpr = a.tpr, sh = __ffs(tpr) - 1;  // tpr is a power of two: shifts, not divisions
+  const int rows_per_block = blockDim.x >> sh;
+  const int group = threadIdx.x >> sh, t = threadIdx.x & (tpr - 1);
   const bool rms = a.rms;
   const int64_t nvec = a.n / VEC;
   V* cache = kCached ? reinterpret_cast<V*>(dyn_smem) + group * cache_vec : nullptr;
@@ -465,10 +583,83 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) row_nor
     const bool active = row < a.rows;
     const V* xv = reinterpret_cast<const V*>(a.x + (active ? row : 0) * a.x_stride);
     V* yv = reinterpret_cast<V*>(a.y + (active ? row : 0) * a.n);
-    const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
-    RowSlice<A, T, VEC, kCached, false> slice{cache, 0, active ? nvec : 0, int(threadIdx.x % tpr), tpr};
-    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, red);
-    if (active) slice.template apply<false>(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
+    if constexpr (kCached) {
+      // This thread's vectors: t + (k << sh) for k < count (a cached row holds at most kRowCacheBytes).
+      const int m = active ? int(nvec) : 0;
+      const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;
+      if constexpr (sizeof(V) >= 4) {
+        for (int k = 0; k < count; ++k) cp_async<int(sizeof(V)), false>(cache + t + (k << sh), xv + t + (k << sh));
+        cp_async_wait_all();  // a thread only reads back its own copies: no barrier needed
+      } else {
+        for (int k = 0; k < count; ++k) cache[t + (k << sh)] = xv[t + (k << sh)];
+      }
+      const A inv_n = A(1) / A(a.n);
+      A vals[VEC];
+      A s = A(0);
+      if (rms) {
+#pragma unroll 2
+        for (int k = 0; k < count; ++k) {
+          widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) s = fma(vals[e], vals[e], s);
+        }
+      } else {
+#pragma unroll 2
+        for (int k = 0; k < count; ++k) {
+          widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) s = fma(vals[e], inv_n, s);  // the mean: no overflow near FLT_MAX
+        }
+      }
+      A total[1] = {s};
+      group_sums(total, tpr, sums[buf]);
+      buf ^= 1;
+      Affine<A> st;
+      if (rms) {
+        st = affine_of(A(0), A(0), total[0] * inv_n, a.eps, true);
+      } else {
+        const A c = total[0];
+        A sd = A(0), sdd = A(0);
+#pragma unroll 2
+        for (int k = 0; k < count; ++k) {
+          widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            const A d = vals[e] - c;
+            sd += d;
+            sdd = fma(d, d, sdd);
+          }
+        }
+        A dev[2] = {sd, sdd};
+        group_sums(dev, tpr, sums[buf]);
+        buf ^= 1;
+        const A mean_d = dev[0] * inv_n;  // the small correction of c, exact enough in a plain sum
+        const A mean_sq = dev[1] * inv_n;
+        A var = mean_sq - mean_d * mean_d;
+        // Below zero by rounding, or inf - inf when the squares overflowed (|x| > ~1e19 with spread,
+        // or a constant row near FLT_MAX whose rough mean is off by an ulp): then rstd = 0, y = b,
+        // as PyTorch gives when its variance overflows.
+        if (!(var >= A(0))) var = isinf(mean_sq) ? mean_sq : A(0);
+        st = affine_of(c, mean_d, var, a.eps, false);
+      }
+      if (rms && !a.b) {  // (RMSNorm's affine map has center 0 and offset 0: the general loops serve too)
+        if (a.w) store_cached_row<false, true, false>(cache, yv, a.w, a.b, st, t, sh, count);
+        else store_cached_row<false, false, false>(cache, yv, a.w, a.b, st, t, sh, count);
+      } else if (a.w && a.b) {
+        store_cached_row<true, true, true>(cache, yv, a.w, a.b, st, t, sh, count);
+      } else if (a.w) {
+        store_cached_row<true, true, false>(cache, yv, a.w, a.b, st, t, sh, count);
+      } else if (a.b) {
+        store_cached_row<true, false, true>(cache, yv, a.w, a.b, st, t, sh, count);
+      } else {
+        store_cached_row<true, false, false>(cache, yv, a.w, a.b, st, t, sh, count);
+      }
+    } else {
+      const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
+      RowSlice<A, T, VEC, false, false> slice{cache, 0, active ? nvec : 0, t, tpr};
+      const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, red);
+      if (active) slice.template apply<false>(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
+    }
   }
 }
 
@@ -804,7 +995,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_apply_kernel(RowArgs<T,
       if (i < nvec) {
         A out[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) out[e] = ((to_acc(r[k].v[e]) - st.shift) - st.mean) * st.rstd * wv[k][e] + bv[k][e];
+        for (int e = 0; e < VEC; ++e) out[e] = normalized(A(to_acc(r[k].v[e])), st) * wv[k][e] + bv[k][e];
         store_vec(yv + i, pack<T>(out));
       }
     }
@@ -926,7 +1117,7 @@ __global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, 
       const A bj = a.b ? A(to_acc(a.b[j])) : A(0);
       A out[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) out[e] = ((to_acc(r.v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj;
+      for (int e = 0; e < VEC; ++e) out[e] = normalized(A(to_acc(r.v[e])), st[e]) * wj + bj;
       store_vec<false>(reinterpret_cast<V*>(yo + j * a.inner), pack<T>(out));
     }
   }
@@ -1026,7 +1217,7 @@ __global__ void __launch_bounds__(256, 1) strided_norm_kernel(StridedArgs<T, W> 
           A out[VEC];
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            out[e] = ((to_acc(cache[k].v[e]) - st[e].shift) - st[e].mean) * st[e].rstd * wj + bj;
+            out[e] = normalized(A(to_acc(cache[k].v[e])), st[e]) * wj + bj;
           }
           store_vec(reinterpret_cast<V*>(yo + j * a.inner), pack<T>(out));
         }
@@ -1256,10 +1447,10 @@ static RowPlan plan_rows(const NormParams& p) {
       return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem};
     }
   }
-  // Vectors per thread: 4 for 4-byte types, 8 for 2-byte ones (H100: best of 2, 4, 8 on rows of
-  // 4-16 KB); a call with fewer rows than SMs is latency-bound: one vector per thread (up to 512
-  // threads), so each thread waits for one round of loads, not several.
-  const int64_t per_thread = p.outer < dev.sms ? 1 : sizeof(T) == 4 ? 4 : 8;
+  // Vectors per thread: 4 (H100: best of 2, 4, 8 on rows of 2-32 KB, fp32 and bf16); a call with
+  // fewer rows than SMs is latency-bound: one vector per thread (up to 512 threads), so each
+  // thread waits for one round of loads, not several.
+  const int64_t per_thread = p.outer < dev.sms ? 1 : 4;
   int tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + per_thread - 1) / per_thread);
   if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
   const int threads = tpr >= 256 ? tpr : 256;
