@@ -51,8 +51,8 @@ def main():
                 if not quick:
                     torch._dynamo.reset()
                     comp = torch.compile(F.rms_norm if rms else F.layer_norm)
-                    args = (x, (n,), w, 1e-5) if rms else (x, (n,), w, b, 1e-5)
-                    cells.append(f"compile {100 * nbytes / bench(lambda: comp(*args), flush) / bw:5.1f}")
+                    cargs = (x, (n,), w, 1e-5) if rms else (x, (n,), w, b, 1e-5)
+                    cells.append(f"compile {100 * nbytes / bench(lambda: comp(*cargs), flush) / bw:5.1f}")
                 for t in (0,) if quick else (0, 32, 64, 128, 256, 512):
                     call = lambda: ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, t, 0)
                     err = (call().float() - ref.float()).abs().max().item()
