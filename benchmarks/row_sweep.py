@@ -10,22 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fastnorm.ops import extension
-
-
-def bench(fn, flush, reps=40):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2] * 1e-3
+from quick_timing import bench  # same folder: on sys.path when run as a script
 
 
 def main():
@@ -36,7 +21,7 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
     dst = torch.empty_like(src)
-    bw = 2 * src.numel() / bench(lambda: dst.copy_(src), flush)
+    bw = 2 * src.numel() / bench(lambda: dst.copy_(src), flush, reps=40)
     del src, dst
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s", flush=True)
     for dt in (torch.bfloat16, torch.float32):
@@ -52,13 +37,13 @@ def main():
                     torch._dynamo.reset()
                     comp = torch.compile(F.rms_norm if rms else F.layer_norm)
                     cargs = (x, (n,), w, 1e-5) if rms else (x, (n,), w, b, 1e-5)
-                    cells.append(f"compile {100 * nbytes / bench(lambda: comp(*cargs), flush) / bw:5.1f}")
+                    cells.append(f"compile {100 * nbytes / bench(lambda: comp(*cargs), flush, reps=40) / bw:5.1f}")
                 for t in (0,) if quick else (0, 32, 64, 128, 256, 512):
                     call = lambda: ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, t, 0)
                     err = (call().float() - ref.float()).abs().max().item()
                     tol = 5e-2 if dt == torch.bfloat16 else 1e-3
                     mark = "" if err < tol else "!"
-                    cells.append(f"t{t} {100 * nbytes / bench(call, flush) / bw:5.1f}{mark}")
+                    cells.append(f"t{t} {100 * nbytes / bench(call, flush, reps=40) / bw:5.1f}{mark}")
                 print(f"{'RMS' if rms else 'LN':<4}{m}x{n} {str(dt)[6:]:<9}" + "  ".join(cells), flush=True)
             del x, w, b, ref
             torch.cuda.empty_cache()
