@@ -345,20 +345,22 @@ __device__ __forceinline__ Vec<T, VEC> pack(const A (&v)[VEC]) {
 }
 
 // y = (x - mean) * rstd * w + b for one vector, the parameters given (has_w / has_b) as values.
+// centered = false: y = x * rstd * w, one multiply less, for callers that know the map is RMSNorm's.
 template <typename A, typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> normalize_with(const Vec<T, VEC>& x, const Affine<A>& st, bool has_w,
-                                                      const A (&wv)[VEC], bool has_b, const A (&bv)[VEC]) {
+                                                      const A (&wv)[VEC], bool has_b, const A (&bv)[VEC],
+                                                      bool centered = true) {
   A out[VEC];
   widen(x.v, out);
   // One test per vector, not per element: a conditional expression per element compiled to
   // branches and cost the cluster kernel 3-5 points (H100).
   if (has_w && has_b) {
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) out[e] = fma(normalized(out[e], st), wv[e], bv[e]);
+    for (int e = 0; e < VEC; ++e) out[e] = fma(centered ? normalized(out[e], st) : out[e] * st.rstd, wv[e], bv[e]);
   } else {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      A v = normalized(out[e], st);
+      A v = centered ? normalized(out[e], st) : out[e] * st.rstd;
       if (has_w) v *= wv[e];
       if (has_b) v += bv[e];
       out[e] = v;
@@ -540,19 +542,10 @@ __device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T
 #pragma unroll 1
   for (int k = 0; k < count; ++k) {
     const int i = t + (k << sh);
-    A v[VEC], wv[VEC], bv[VEC];
+    A wv[VEC], bv[VEC];
     if constexpr (kW) load_params<false, VEC>(w + int64_t(i) * VEC, wv);
     if constexpr (kB) load_params<false, VEC>(b + int64_t(i) * VEC, bv);
-    widen(cache[i].v, v);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      A u = kCenter ? normalized(v[e], st) : v[e] * st.rstd;
-      if constexpr (kW && kB) u = fma(u, wv[e], bv[e]);
-      else if constexpr (kW) u *= wv[e];
-      else if constexpr (kB) u += bv[e];
-      v[e] = u;
-    }
-    store_vec<false>(yv + i, pack<T>(v));
+    store_vec<false>(yv + i, normalize_with(cache[i], st, kW, wv, kB, bv, kCenter));
   }
 }
 
@@ -576,6 +569,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? CachedRowBlocksOf<T>
   const int group = threadIdx.x >> sh, t = threadIdx.x & (tpr - 1);
   const bool rms = a.rms;
   const int64_t nvec = a.n / VEC;
+  const A inv_n = A(1) / A(a.n);
   V* cache = kCached ? reinterpret_cast<V*>(dyn_smem) + group * cache_vec : nullptr;
   for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows;
        base += int64_t(gridDim.x) * rows_per_block) {
@@ -593,7 +587,6 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? CachedRowBlocksOf<T>
       } else {
         for (int k = 0; k < count; ++k) cache[t + (k << sh)] = xv[t + (k << sh)];
       }
-      const A inv_n = A(1) / A(a.n);
       A vals[VEC];
       A s = A(0);
       if (rms) {
