@@ -11,7 +11,7 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64):
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
         fastnorm.layer_norm(x, shape[-1:], w, w)
         fastnorm.rms_norm(x, shape[-1:], w)
-    for shape in [(70, 3 * 8192 + 8), (140, 30001)]:  # cluster rows (vector and scalar)
+    for shape in [(300, 3 * 8192 + 8), (140, 30001)]:  # cluster rows (vector and scalar), several a cluster
         x = torch.randn(shape, device="cuda", dtype=dtype)
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
         fastnorm.layer_norm(x, shape[-1:], w, w)

@@ -80,7 +80,7 @@ def params(n_shape, dtype, affine, seed):
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 4096), (8, 4097),
               (4, 12288), (2, 65536), (3, 100003), (1, 262144), (33, 8192), (130, 2048),
-              (150, 65536), (40, 262152), (140, 50001)]  # the last three: cluster rows
+              (150, 65536), (40, 262152), (140, 50001), (600, 24584)]  # the last four: cluster rows
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -21,9 +21,10 @@
 // Rows (slices) that do not fit the cache are read twice, the second time mostly from L2.
 // Statistics: the row kernel (rows in shared memory) makes passes over the cached row, each ending
 // in a plain sum over the row's threads: a rough mean, then the corrected two-pass sums about it.
-// The other kernels compute exact (count, mean, M2) of the values each thread holds and combine
-// them with Chan's parallel formula, all relative to one shift (the row's first element), so merged
-// means stay small. Either way large offsets (x + 1000) cost no precision, and the output is
+// So do the blocks of the cluster kernel over their slices, whose (count, mean, M2) are then merged
+// with Chan's parallel formula. The other kernels compute exact (count, mean, M2) of the values each
+// thread holds and combine them the same way, all relative to one shift (the row's first element),
+// so merged means stay small. Either way large offsets (x + 1000) cost no precision, and the output is
 // (x - center) * rstd + offset with the mean split into center + exact rounding error (Affine).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,7 +43,11 @@ namespace fastnorm {
 // for 2- and 8-byte types, which need more registers per element once converted.
 template <typename T> constexpr int kCacheOf = sizeof(T) == 4 ? 8 : 4;
 constexpr int kMaxRowThreads = 512;  // block size of the row and split kernels, at most
-constexpr int kClusterThreads = 256;  // block size of the cluster kernel
+constexpr int kClusterThreads = 512;  // block size of the cluster kernel
+constexpr int kMaxCluster = 8;        // blocks per cluster, at most (the portable limit)
+// Vectors whose parameters a thread of the split kernel loads at once, from its cached slice (64
+// registers: half types spill with two).
+template <typename T> constexpr int kSplitBatchOf = sizeof(T) == 2 ? 1 : 2;
 
 template <typename T> struct AccOf { using type = float; };
 template <> struct AccOf<double> { using type = double; };
@@ -369,6 +374,31 @@ __device__ __forceinline__ Vec<T, VEC> normalize_with(const Vec<T, VEC>& x, cons
   return pack<T>(out);
 }
 
+// The parameters of one vector as loaded, converted when used: a batch of them in flight takes a
+// quarter of the registers (bf16) of converted values.
+template <typename W, int VEC>
+struct RawParams {
+  W v[VEC];
+};
+
+// kKeep: evict-last, as load_params.
+template <bool kKeep, typename W, int VEC>
+__device__ __forceinline__ RawParams<W, VEC> load_raw_params(const W* p) {
+  RawParams<W, VEC> r;
+  constexpr int kBytes = int(sizeof(W)) * VEC;
+  if constexpr (VEC > 1 && kBytes % 16 == 0) {
+#pragma unroll
+    for (int piece = 0; piece < kBytes / 16; ++piece) {
+      const uint4* q = reinterpret_cast<const uint4*>(p) + piece;
+      reinterpret_cast<uint4*>(r.v)[piece] = kKeep ? load16_keep(q) : *q;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) r.v[e] = p[e];
+  }
+  return r;
+}
+
 // The same for one vector whose first element is column `col` of the row, loading the parameters.
 template <bool kKeep, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const Affine<A>& st,
@@ -454,6 +484,10 @@ template <> struct UnrollOf<double> { static constexpr int value = 2; };
 // Blocks of kMaxRowThreads per SM the register budget is sized for (64 registers; float64 needs more).
 template <typename T> struct MinBlocksOf { static constexpr int value = 2; };
 template <> struct MinBlocksOf<double> { static constexpr int value = 1; };
+// Blocks of the cluster kernel per SM its register budget is sized for: as many as shared memory
+// allows with 64 KB slices (40 registers a thread, as the cached row kernel).
+template <typename T> struct ClusterBlocksOf { static constexpr int value = 3; };
+template <> struct ClusterBlocksOf<double> { static constexpr int value = 1; };
 // The cached row kernel keeps x in shared memory, not registers: 3 blocks (42 registers a thread)
 // fit without spilling, and the extra rows in flight hide the latency of each row's reductions.
 template <typename T> struct CachedRowBlocksOf { static constexpr int value = 3; };
@@ -519,6 +553,37 @@ struct RowSlice {
     }
   }
 
+  // Stores the cached slice, the parameters of kBatch vectors loaded before any of them is used:
+  // one L2 round trip per batch, not per vector (the compiler cannot hoist a load above the store
+  // of the previous vector, which may alias it). Parameters are relative to v0.
+  template <int kMaxBatch, bool kKeep, typename W>
+  __device__ __forceinline__ void store_cached(V* yv, const W* w, const W* b, const Affine<A>& st) {
+    // At most 64 bytes of each parameter in flight (16 registers): float32 weights of bf16 rows
+    // take 32 bytes a vector.
+    constexpr int kFit = 64 / int(sizeof(RawParams<W, VEC>));
+    constexpr int kBatch = kFit < 1 ? 1 : kFit < kMaxBatch ? kFit : kMaxBatch;
+    const bool has_w = w != nullptr, has_b = b != nullptr;
+    for (int64_t base = v0 + t; base < v1; base += int64_t(kBatch) * tpr) {
+      RawParams<W, VEC> wr[kBatch], br[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t i = base + int64_t(k) * tpr;
+        if (i < v1 && has_w) wr[k] = load_raw_params<kKeep, W, VEC>(w + (i - v0) * VEC);
+        if (i < v1 && has_b) br[k] = load_raw_params<kKeep, W, VEC>(b + (i - v0) * VEC);
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int64_t i = base + int64_t(k) * tpr;
+        if (i < v1) {
+          A wv[VEC], bv[VEC];
+          if (has_w) widen(wr[k].v, wv);
+          if (has_b) widen(br[k].v, bv);
+          store_vec<kEvictFirst>(yv + i, normalize_with(cache[i - v0], st, has_w, wv, has_b, bv));
+        }
+      }
+    }
+  }
+
   // One vector at a time: the parameters it needs take registers, and latency is hidden by the
   // other rows in flight on the SM rather than by unrolling.
   template <bool kKeep, typename W>
@@ -536,7 +601,7 @@ struct RowSlice {
 // loop per case of the template flags (kCenter: LayerNorm, else RMSNorm; kW, kB: weight, bias)
 // keeps the checks out of the loop; ncu counted ~20 instructions a vector for them before.
 // (Prefetching the next vector's parameters into L1 measured 3-37 points slower, H100.)
-template <bool kCenter, bool kW, bool kB, typename A, typename T, typename W, int VEC>
+template <bool kCenter, bool kW, bool kB, bool kEvictFirst, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
                                                  const Affine<A>& st, int t, int sh, int count) {
 #pragma unroll 1
@@ -545,8 +610,93 @@ __device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T
     A wv[VEC], bv[VEC];
     if constexpr (kW) load_params<false, VEC>(w + int64_t(i) * VEC, wv);
     if constexpr (kB) load_params<false, VEC>(b + int64_t(i) * VEC, bv);
-    store_vec<false>(yv + i, normalize_with(cache[i], st, kW, wv, kB, bv, kCenter));
+    store_vec<kEvictFirst>(yv + i, normalize_with(cache[i], st, kW, wv, kB, bv, kCenter));
   }
+}
+
+// store_cached_row for the call's case.
+template <bool kEvictFirst, typename A, typename T, typename W, int VEC>
+__device__ __forceinline__ void store_own_vectors(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
+                                             const Affine<A>& st, int t, int sh, int count, bool rms) {
+  if (rms && !b) {  // (RMSNorm's affine map has center 0 and offset 0: the general loops serve too)
+    if (w) store_cached_row<false, true, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+    else store_cached_row<false, false, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  } else if (w && b) {
+    store_cached_row<true, true, true, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  } else if (w) {
+    store_cached_row<true, true, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  } else if (b) {
+    store_cached_row<true, false, true, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  } else {
+    store_cached_row<true, false, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  }
+}
+
+// Copies a thread's vectors t + (k << sh), k < count, of xv into the cache and waits for them
+// (cp.async; plain loads for vectors under 4 bytes). A thread reads back only its own copies: no
+// barrier needed.
+template <bool kEvictFirst, typename T, int VEC>
+__device__ __forceinline__ void cache_own_vectors(Vec<T, VEC>* cache, const Vec<T, VEC>* xv, int t, int sh, int count) {
+  if constexpr (sizeof(Vec<T, VEC>) >= 4) {
+    for (int k = 0; k < count; ++k) cp_async<int(sizeof(Vec<T, VEC>)), kEvictFirst>(cache + t + (k << sh), xv + t + (k << sh));
+    cp_async_wait_all();
+  } else {
+    for (int k = 0; k < count; ++k) cache[t + (k << sh)] = xv[t + (k << sh)];
+  }
+}
+
+// Passes over a thread's cached vectors t + (k << sh), k < count, for the plain-sum statistics:
+// sum of x * scale (scale = 1 / n: a rough mean that cannot overflow near FLT_MAX), sum of x * x,
+// and the sums of d = x - c and d * d about a rough mean c.
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ A cached_scaled_sum(const Vec<T, VEC>* cache, int t, int sh, int count, A scale) {
+  A vals[VEC], s = A(0);
+#pragma unroll 2
+  for (int k = 0; k < count; ++k) {
+    widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) s = fma(vals[e], scale, s);
+  }
+  return s;
+}
+
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ A cached_square_sum(const Vec<T, VEC>* cache, int t, int sh, int count) {
+  A vals[VEC], s = A(0);
+#pragma unroll 2
+  for (int k = 0; k < count; ++k) {
+    widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) s = fma(vals[e], vals[e], s);
+  }
+  return s;
+}
+
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void cached_deviation_sums(const Vec<T, VEC>* cache, int t, int sh, int count, A c,
+                                                      A (&out)[2]) {
+  A vals[VEC], sd = A(0), sdd = A(0);
+#pragma unroll 2
+  for (int k = 0; k < count; ++k) {
+    widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const A d = vals[e] - c;
+      sd += d;
+      sdd = fma(d, d, sdd);
+    }
+  }
+  out[0] = sd;
+  out[1] = sdd;
+}
+
+// Variance from the means of d and d * d about a rough mean. Below zero by rounding, or inf - inf
+// when the squares overflowed (|x| > ~1e19 with spread, or a constant row near FLT_MAX whose rough
+// mean is off by an ulp): then rstd = 0, y = b, as PyTorch gives when its variance overflows.
+template <typename A>
+__device__ __forceinline__ A corrected_variance(A mean_d, A mean_sq) {
+  const A var = mean_sq - mean_d * mean_d;
+  return var >= A(0) ? var : isinf(mean_sq) ? mean_sq : A(0);
 }
 
 // One row per group of `tpr` threads, blockDim / tpr rows per block; `cache_vec` vectors of shared
@@ -581,30 +731,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? CachedRowBlocksOf<T>
       // This thread's vectors: t + (k << sh) for k < count (a cached row holds at most kRowCacheBytes).
       const int m = active ? int(nvec) : 0;
       const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;
-      if constexpr (sizeof(V) >= 4) {
-        for (int k = 0; k < count; ++k) cp_async<int(sizeof(V)), false>(cache + t + (k << sh), xv + t + (k << sh));
-        cp_async_wait_all();  // a thread only reads back its own copies: no barrier needed
-      } else {
-        for (int k = 0; k < count; ++k) cache[t + (k << sh)] = xv[t + (k << sh)];
-      }
-      A vals[VEC];
-      A s = A(0);
-      if (rms) {
-#pragma unroll 2
-        for (int k = 0; k < count; ++k) {
-          widen(cache[t + (k << sh)].v, vals);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) s = fma(vals[e], vals[e], s);
-        }
-      } else {
-#pragma unroll 2
-        for (int k = 0; k < count; ++k) {
-          widen(cache[t + (k << sh)].v, vals);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) s = fma(vals[e], inv_n, s);  // the mean: no overflow near FLT_MAX
-        }
-      }
-      A total[1] = {s};
+      cache_own_vectors<false>(cache, xv, t, sh, count);
+      A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_n)};
       group_sums(total, tpr, sums[buf]);
       buf ^= 1;
       Affine<A> st;
@@ -612,41 +740,14 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? CachedRowBlocksOf<T>
         st = affine_of(A(0), A(0), total[0] * inv_n, a.eps, true);
       } else {
         const A c = total[0];
-        A sd = A(0), sdd = A(0);
-#pragma unroll 2
-        for (int k = 0; k < count; ++k) {
-          widen(cache[t + (k << sh)].v, vals);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const A d = vals[e] - c;
-            sd += d;
-            sdd = fma(d, d, sdd);
-          }
-        }
-        A dev[2] = {sd, sdd};
+        A dev[2];
+        cached_deviation_sums(cache, t, sh, count, c, dev);
         group_sums(dev, tpr, sums[buf]);
         buf ^= 1;
         const A mean_d = dev[0] * inv_n;  // the small correction of c, exact enough in a plain sum
-        const A mean_sq = dev[1] * inv_n;
-        A var = mean_sq - mean_d * mean_d;
-        // Below zero by rounding, or inf - inf when the squares overflowed (|x| > ~1e19 with spread,
-        // or a constant row near FLT_MAX whose rough mean is off by an ulp): then rstd = 0, y = b,
-        // as PyTorch gives when its variance overflows.
-        if (!(var >= A(0))) var = isinf(mean_sq) ? mean_sq : A(0);
-        st = affine_of(c, mean_d, var, a.eps, false);
+        st = affine_of(c, mean_d, corrected_variance(mean_d, dev[1] * inv_n), a.eps, false);
       }
-      if (rms && !a.b) {  // (RMSNorm's affine map has center 0 and offset 0: the general loops serve too)
-        if (a.w) store_cached_row<false, true, false>(cache, yv, a.w, a.b, st, t, sh, count);
-        else store_cached_row<false, false, false>(cache, yv, a.w, a.b, st, t, sh, count);
-      } else if (a.w && a.b) {
-        store_cached_row<true, true, true>(cache, yv, a.w, a.b, st, t, sh, count);
-      } else if (a.w) {
-        store_cached_row<true, true, false>(cache, yv, a.w, a.b, st, t, sh, count);
-      } else if (a.b) {
-        store_cached_row<true, false, true>(cache, yv, a.w, a.b, st, t, sh, count);
-      } else {
-        store_cached_row<true, false, false>(cache, yv, a.w, a.b, st, t, sh, count);
-      }
+      store_own_vectors<false>(cache, yv, a.w, a.b, st, t, sh, count, rms);
     } else {
       const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
       RowSlice<A, T, VEC, false, false> slice{cache, 0, active ? nvec : 0, t, tpr};
@@ -722,7 +823,10 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
     // re-read them: keep them in L2 until the last one.
     const W* w = a.w ? a.w + v0 * VEC : a.w;
     const W* b = a.b ? a.b + v0 * VEC : a.b;
-    if (slots < a.rows) {
+    if constexpr (kCached) {
+      if (slots < a.rows) slice.template store_cached<kSplitBatchOf<T>, true>(yv, w, b, row_affine);
+      else slice.template store_cached<kSplitBatchOf<T>, false>(yv, w, b, row_affine);
+    } else if (slots < a.rows) {
       slice.template apply<true>(xv, yv, w, b, row_affine);
     } else {
       slice.template apply<false>(xv, yv, w, b, row_affine);
@@ -875,42 +979,66 @@ __device__ __forceinline__ double load_cluster(const double* local, unsigned ran
 }
 #endif
 
+// Each block takes the statistics of its slice as the row kernel does a row (plain sums: rough
+// mean, then the corrected two-pass sums), as (count, mean relative to the row's first element, M2);
+// the g partials are merged with Chan's formula.
 template <typename T, typename W, int VEC>
-__global__ void __launch_bounds__(kClusterThreads, 2 * MinBlocksOf<T>::value) cluster_row_norm_kernel(
+__global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cluster_row_norm_kernel(
     RowArgs<T, W> a, int64_t slice_vec) {
 #ifdef FASTNORM_CLUSTERS
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  __shared__ Stats<A> red[32];
+  __shared__ A sums[2][64];
   __shared__ Stats<A> partial[2];  // this block's share of the current row, double-buffered by row parity
+  int buf = 0;
   const unsigned g = cluster_size(), part = cluster_rank();
   const int64_t first_row = cluster_id(), row_step = cluster_count();
   const int64_t nvec = a.n / VEC;
   const int64_t v0 = min(nvec, int64_t(part) * slice_vec), v1 = min(nvec, v0 + slice_vec);
+  const int threads = blockDim.x, sh = __ffs(threads) - 1;  // a power of two: shifts, not divisions
+  const int t = threadIdx.x, m = int(v1 - v0), lane = t & 31;
+  const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;  // this thread's vectors: t + (k << sh)
+  const A n_b = A(m) * A(VEC), inv_nb = m > 0 ? A(1) / n_b : A(0);
   const bool rms = a.rms;
   V* cache = reinterpret_cast<V*>(dyn_smem);
-  const W* w = a.w ? a.w + v0 * VEC : a.w;  // apply() takes columns relative to v0
+  const W* w = a.w ? a.w + v0 * VEC : a.w;  // the slice's columns
   const W* b = a.b ? a.b + v0 * VEC : a.b;
   int parity = 0;
   for (int64_t row = first_row; row < a.rows; row += row_step, parity ^= 1) {
-    const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
-    V* yv = reinterpret_cast<V*>(a.y + row * a.n);
+    const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0;
+    V* yv = reinterpret_cast<V*>(a.y + row * a.n) + v0;
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    RowSlice<A, T, VEC, true> slice{cache, v0, v1, int(threadIdx.x), int(blockDim.x)};
-    const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), blockDim.x, rms, red);
-    if (threadIdx.x == 0) partial[parity] = s;
+    cache_own_vectors<true>(cache, xv, t, sh, count);
+    A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
+    group_sums(total, threads, sums[buf]);
+    buf ^= 1;
+    Stats<A> s{n_b, A(0), total[0]};
+    if (!rms) {
+      const A c = total[0];
+      A dev[2];
+      cached_deviation_sums(cache, t, sh, count, c, dev);
+      group_sums(dev, threads, sums[buf]);
+      buf ^= 1;
+      const A mean_d = dev[0] * inv_nb;
+      s.mean = m > 0 ? (c - shift) + mean_d : A(0);  // 0 for an empty slice keeps the merge exact
+      s.m2 = corrected_variance(mean_d, dev[1] * inv_nb) * n_b;
+    }
+    if (t == 0) partial[parity] = s;
     // Publishes `partial` to the cluster. The next write to this buffer comes two rows later, after
     // the next barrier, which every block passes only once it has read this row's partials.
     cluster_sync();
-    const int lane = threadIdx.x & 31;
-    Stats<A> total{A(0), A(0), A(0)};
-    if (lane < int(g)) {  // each warp gathers the g partials itself: no block barrier needed
+    // Each group of kMaxCluster lanes gathers the g partials and merges them: every lane of every
+    // warp ends with the row's totals, and no block barrier is needed.
+    const int src = lane & (kMaxCluster - 1);
+    Stats<A> row_stats{A(0), A(0), A(0)};
+    if (src < int(g)) {
       const Stats<A>& p = partial[parity];
-      total = {load_cluster(&p.n, lane), load_cluster(&p.mean, lane), load_cluster(&p.m2, lane)};
+      row_stats = {load_cluster(&p.n, src), load_cluster(&p.mean, src), load_cluster(&p.m2, src)};
     }
-    for (int off = 16; off > 0; off >>= 1) total = merge(total, shfl_xor(total, off), rms);
-    slice.template apply<false>(xv, yv, w, b, finalize(total, a.n, a.eps, rms, shift));
+#pragma unroll
+    for (int off = kMaxCluster / 2; off > 0; off >>= 1) row_stats = merge(row_stats, shfl_xor(row_stats, off), rms);
+    store_own_vectors<true>(cache, yv, w, b, finalize(row_stats, a.n, a.eps, rms, shift), t, sh, count, rms);
   }
   cluster_sync();  // no block may exit while another can still read its partials
 #else
@@ -1315,11 +1443,10 @@ static void allow_smem(Kernel kernel) {
                        int(kMaxSmem));
 }
 
-// Cluster kernel (H100 measurements: benchmarks/NOTES.md): slices of at most 64 KB, 256 threads so
-// that three blocks fit an SM, and twice as many clusters as are resident. Rows longer than 8 such
-// slices go to the split kernel: 16-block clusters and 128 KB slices both measured slower.
+// Cluster kernel (H100 measurements: benchmarks/NOTES.md): slices of at most 64 KB, 512 threads,
+// three blocks an SM, and twice as many clusters as are resident. Rows longer than 8 such slices go
+// to the split kernel: 16-block clusters and 128 KB slices both measured slower.
 constexpr int64_t kClusterSliceBytes = 64 << 10;
-constexpr int kMaxCluster = 8;
 constexpr int kClusterWaves = 2;
 
 // Blocks per cluster for a last-dim call, 0 when the cluster kernel does not suit it: rows short
