@@ -164,24 +164,38 @@ __device__ __forceinline__ void release_params(const void* p, int64_t bytes) {
   }
 }
 
-// Weight and bias of VEC consecutive columns, in 16-byte pieces when aligned. Plain loads (normal
+// The parameters (weight or bias) of one vector as loaded, converted when used: kept in shared
+// memory by the resident kernel, and in flight in batches by the split kernel (a batch takes a
+// quarter of the registers of converted bf16 values).
+template <typename W, int VEC>
+struct alignas(int(sizeof(W)) * VEC % 16 == 0 ? 16 : alignof(W)) ParamVec {
+  W v[VEC];
+};
+
+// The parameters of VEC consecutive columns, in 16-byte pieces when aligned. Plain loads (normal
 // L2 priority); kKeep: evict-last, for parameters re-read by every wave of the split kernel.
 // Not __ldg: the compiler may hoist that intrinsic above the caller's null check of an absent bias.
-template <bool kKeep, int VEC, typename W, typename A>
-__device__ __forceinline__ void load_params(const W* p, A (&out)[VEC]) {
+template <bool kKeep, typename W, int VEC>
+__device__ __forceinline__ ParamVec<W, VEC> load_param_vec(const W* p) {
+  ParamVec<W, VEC> r;
   constexpr int kBytes = int(sizeof(W)) * VEC;
   if constexpr (VEC > 1 && kBytes % 16 == 0) {
-    constexpr int kPer = 16 / int(sizeof(W));
 #pragma unroll
     for (int piece = 0; piece < kBytes / 16; ++piece) {
       const uint4* q = reinterpret_cast<const uint4*>(p) + piece;
-      const uint4 r = kKeep ? load16_keep(q) : *q;
-      widen(*reinterpret_cast<const W(*)[kPer]>(&r), *reinterpret_cast<A(*)[kPer]>(out + piece * kPer));
+      reinterpret_cast<uint4*>(r.v)[piece] = kKeep ? load16_keep(q) : *q;
     }
   } else {
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) out[e] = A(to_acc(p[e]));
+    for (int e = 0; e < VEC; ++e) r.v[e] = p[e];
   }
+  return r;
+}
+
+// The same, converted to the accumulator type.
+template <bool kKeep, int VEC, typename W, typename A>
+__device__ __forceinline__ void load_params(const W* p, A (&out)[VEC]) {
+  widen(load_param_vec<kKeep, W, VEC>(p).v, out);
 }
 
 // Running statistics of a set of values. LayerNorm: count, mean, M2 (sum of squared deviations).
@@ -374,31 +388,6 @@ __device__ __forceinline__ Vec<T, VEC> normalize_with(const Vec<T, VEC>& x, cons
   return pack<T>(out);
 }
 
-// The parameters of one vector as loaded, converted when used: a batch of them in flight takes a
-// quarter of the registers (bf16) of converted values.
-template <typename W, int VEC>
-struct RawParams {
-  W v[VEC];
-};
-
-// kKeep: evict-last, as load_params.
-template <bool kKeep, typename W, int VEC>
-__device__ __forceinline__ RawParams<W, VEC> load_raw_params(const W* p) {
-  RawParams<W, VEC> r;
-  constexpr int kBytes = int(sizeof(W)) * VEC;
-  if constexpr (VEC > 1 && kBytes % 16 == 0) {
-#pragma unroll
-    for (int piece = 0; piece < kBytes / 16; ++piece) {
-      const uint4* q = reinterpret_cast<const uint4*>(p) + piece;
-      reinterpret_cast<uint4*>(r.v)[piece] = kKeep ? load16_keep(q) : *q;
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) r.v[e] = p[e];
-  }
-  return r;
-}
-
 // The same for one vector whose first element is column `col` of the row, loading the parameters.
 template <bool kKeep, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const Affine<A>& st,
@@ -407,28 +396,6 @@ __device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const
   if (w) load_params<kKeep, VEC>(w + col, wv);
   if (b) load_params<kKeep, VEC>(b + col, bv);
   return normalize_with(x, st, w != nullptr, wv, b != nullptr, bv);
-}
-
-// The parameters of one vector as raw 16-byte pieces (VEC * sizeof(W) is a multiple of 16 on the
-// resident path), as kept in shared memory; converted when used.
-template <typename W, int VEC>
-struct ParamVec {
-  uint4 piece[(int(sizeof(W)) * VEC + 15) / 16];
-};
-
-template <typename W, int VEC>
-__device__ __forceinline__ ParamVec<W, VEC> load_param_vec(const W* p) {
-  ParamVec<W, VEC> r;
-#pragma unroll
-  for (int j = 0; j < int(sizeof(r.piece) / 16); ++j) r.piece[j] = reinterpret_cast<const uint4*>(p)[j];
-  return r;
-}
-
-template <typename A, typename W, int VEC>
-__device__ __forceinline__ void param_values(const ParamVec<W, VEC>& p, A (&out)[VEC]) {
-  const W* w = reinterpret_cast<const W*>(p.piece);
-#pragma unroll
-  for (int e = 0; e < VEC; ++e) out[e] = A(to_acc(w[e]));
 }
 
 // Weight and bias of the K grid-strided vectors a thread of the resident kernel owns (vectors
@@ -448,10 +415,11 @@ struct ParamSlots {
       const int i = first + k * step;
       if (i >= nvec) continue;
 #pragma unroll
-      for (int j = 0; j < int(sizeof(ParamVec<W, VEC>) / 16); ++j) {
-        if (w && k < count) cp_async<16>(&smem[k * threads + tid].piece[j], reinterpret_cast<const uint4*>(w + i * VEC) + j);
+      for (int j = 0; j < int(sizeof(ParamVec<W, VEC>) / 16); ++j) {  // VEC * sizeof(W) is a multiple of 16 here
+        if (w && k < count)
+          cp_async<16>(reinterpret_cast<uint4*>(smem[k * threads + tid].v) + j, reinterpret_cast<const uint4*>(w + i * VEC) + j);
         if (b && kb + k < count)
-          cp_async<16>(&smem[(kb + k) * threads + tid].piece[j], reinterpret_cast<const uint4*>(b + i * VEC) + j);
+          cp_async<16>(reinterpret_cast<uint4*>(smem[(kb + k) * threads + tid].v) + j, reinterpret_cast<const uint4*>(b + i * VEC) + j);
       }
     }
   }
@@ -460,8 +428,8 @@ struct ParamSlots {
   template <typename A>
   __device__ __forceinline__ void values(const W* w, const W* b, int k, int i, A (&wv)[VEC], A (&bv)[VEC]) const {
     const int kb = w ? K : 0;
-    if (w) param_values(k < count ? smem[k * threads + tid] : load_param_vec<W, VEC>(w + int64_t(i) * VEC), wv);
-    if (b) param_values(kb + k < count ? smem[(kb + k) * threads + tid] : load_param_vec<W, VEC>(b + int64_t(i) * VEC), bv);
+    if (w) widen((k < count ? smem[k * threads + tid] : load_param_vec<false, W, VEC>(w + int64_t(i) * VEC)).v, wv);
+    if (b) widen((kb + k < count ? smem[(kb + k) * threads + tid] : load_param_vec<false, W, VEC>(b + int64_t(i) * VEC)).v, bv);
   }
 };
 
@@ -560,16 +528,16 @@ struct RowSlice {
   __device__ __forceinline__ void store_cached(V* yv, const W* w, const W* b, const Affine<A>& st) {
     // At most 64 bytes of each parameter in flight (16 registers): float32 weights of bf16 rows
     // take 32 bytes a vector.
-    constexpr int kFit = 64 / int(sizeof(RawParams<W, VEC>));
+    constexpr int kFit = 64 / int(sizeof(ParamVec<W, VEC>));
     constexpr int kBatch = kFit < 1 ? 1 : kFit < kMaxBatch ? kFit : kMaxBatch;
     const bool has_w = w != nullptr, has_b = b != nullptr;
     for (int64_t base = v0 + t; base < v1; base += int64_t(kBatch) * tpr) {
-      RawParams<W, VEC> wr[kBatch], br[kBatch];
+      ParamVec<W, VEC> wr[kBatch], br[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int64_t i = base + int64_t(k) * tpr;
-        if (i < v1 && has_w) wr[k] = load_raw_params<kKeep, W, VEC>(w + (i - v0) * VEC);
-        if (i < v1 && has_b) br[k] = load_raw_params<kKeep, W, VEC>(b + (i - v0) * VEC);
+        if (i < v1 && has_w) wr[k] = load_param_vec<kKeep, W, VEC>(w + (i - v0) * VEC);
+        if (i < v1 && has_b) br[k] = load_param_vec<kKeep, W, VEC>(b + (i - v0) * VEC);
       }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
