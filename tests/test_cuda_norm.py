@@ -145,23 +145,40 @@ def test_long_rows(n, dtype, rms):
     check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
 
 
-@pytest.mark.parametrize("rows,n,weighted,kind", [(3, 2**20, True, "randn"), (5, 2**22 + 64, True, "rand"),
-                                                  (2, 2**21 + 4, False, "randn"), (1, 2**22, True, "offset")])
-def test_resident_rms_rows(rows, n, weighted, kind):
-    """float32 RMSNorm of a few rows of 4-17 MB: the row held on chip (resident kernel), with the next-row
-    buffer (several rows), weight vectors re-read from L2 (2**22 + 64), no weight, one row; rows of a view."""
-    base = make((rows, n + 64), torch.float32, kind, seed=n % 89)
-    x = base[:, 64:]  # row stride n + 64, rows start 256 bytes in
-    w = params((n,), torch.float32, True, seed=5)[0] if weighted else None
-    check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), torch.float32)
-    if rows > 1:  # capturable: no host synchronization inside the call
+RESIDENT_CASES = [  # rows, n, dtype, rms, weighted, kind
+    (3, 2**21, torch.float32, True, True, "randn"),  # 8 MB rows, next-row buffer
+    (5, 2**22 + 64, torch.float32, True, True, "rand"),  # some weight vectors re-read from L2
+    (2, 2**21 + 4, torch.float32, True, False, "randn"),
+    (1, 2**22, torch.float32, True, True, "offset"),  # one row: no next-row buffer
+    (3, 2**22 + 12, torch.float32, False, True, "offset"),  # LayerNorm fp32: parameters partly in L2
+    (4, 2**21, torch.float32, False, True, "outlier"),  # the shift (first element) 1e4 from the mean
+    (3, 2**22 + 8, torch.bfloat16, False, True, "rand"),
+    (2, 2**22, torch.bfloat16, True, True, "randn"),
+    (2, 2**22 + 24, torch.float16, False, False, "randn"),
+    (2, 2**20 + 2, torch.float64, False, True, "offset"),
+]
+
+
+@pytest.mark.parametrize("rows,n,dtype,rms,weighted,kind", RESIDENT_CASES)
+def test_resident_rows(rows, n, dtype, rms, weighted, kind):
+    """A few rows of 8-17 MB: each row held on chip across the SMs (resident kernel), for both norms and
+    every dtype: next-row buffer, parameters re-read from L2, one row, a first element far from the
+    mean (the statistics are moments about it); rows of a view (row stride n + 64, 256 bytes in)."""
+    base = make((rows, n + 64), dtype, "randn" if kind == "outlier" else kind, seed=n % 89)
+    if kind == "outlier":
+        base[:, 64] = 1e4
+    x = base[:, 64:]
+    w, b = params((n,), dtype, True, seed=5)
+    w, b = (w if weighted else None), (None if rms or not weighted else b)
+    check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
+    if rows > 1 and dtype == torch.float32:  # capturable: no host synchronization inside the call
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = fastnorm.rms_norm(x, (n,), w, 1e-5)
-        base.copy_(make((rows, n + 64), torch.float32, "rand", seed=7))
+            out = fastnorm.rms_norm(x, (n,), w, 1e-5) if rms else fastnorm.layer_norm(x, (n,), w, b, 1e-5)
+        base.copy_(make((rows, n + 64), dtype, "rand", seed=7))
         graph.replay()
         torch.cuda.synchronize()
-        check(out, reference(x, 1, 2, w, None, 1e-5, True), torch.float32)
+        check(out, reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -12,9 +12,9 @@
 //                          per-row barrier (cooperative launch, so every block is resident).
 //  * stream_*_kernel       inner == 1, a few rows of megabytes: partial statistics, per-row totals,
 //                          then column-owned blocks that read weight and bias once for all rows.
-//  * resident_row_norm_kernel inner == 1, float32 RMSNorm of a few rows of 4-17 MB: one block per SM,
-//                          the whole row on chip (x in registers, weight in shared memory), rows one
-//                          after another behind a grid barrier, so x is read once.
+//  * resident_row_norm_kernel inner == 1, a few rows of 8-17 MB: one block per SM, the whole row on
+//                          chip (x in registers, parameters in shared memory), rows one after another
+//                          behind a grid barrier, the next row copied in (TMA) meanwhile: x read once.
 //  * strided_tile_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
 //  / strided_norm_kernel   16-byte accesses, threads along the reduced axis; the tile in shared memory,
 //                          or in registers (read twice) when it is too large.
@@ -24,8 +24,9 @@
 // So do the blocks of the cluster kernel over their slices, whose (count, mean, M2) are then merged
 // with Chan's parallel formula. The other kernels compute exact (count, mean, M2) of the values each
 // thread holds and combine them the same way, all relative to one shift (the row's first element),
-// so merged means stay small. Either way large offsets (x + 1000) cost no precision, and the output is
-// (x - center) * rstd + offset with the mean split into center + exact rounding error (Affine).
+// so merged means stay small; the resident kernel sums moments about that shift in double. Either
+// way large offsets (x + 1000) cost no precision, and the output is (x - center) * rstd + offset
+// with the mean split into center + exact rounding error (Affine).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -273,7 +274,7 @@ __device__ __forceinline__ void group_sums(A (&v)[K], int tpr, A* smem) {
 #pragma unroll
   for (int k = 0; k < K; ++k) v[k] = smem[k * 32 + src];
 #pragma unroll
-  for (int off = 8; off > 0; off >>= 1) {
+  for (int off = 16; off > 0; off >>= 1) {
     if (off < warps_per_group) {
 #pragma unroll
       for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
@@ -807,14 +808,61 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
   }
 }
 
+// Bulk (TMA) copies global -> shared, completed on an mbarrier: one thread moves a block's share of
+// a row in a few instructions. Per-thread cp.async copies of the same bytes stall their warps while
+// DRAM is busy (H100: 5.6 us a row of 16 MB). Hopper (sm_90) on; older builds use cp.async.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define FASTNORM_BULK 1
+#endif
+#ifdef FASTNORM_BULK
+__device__ __forceinline__ unsigned shared_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;" ::"r"(shared_address(bar))
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                 : "=r"(done) : "r"(shared_address(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared, evict-first in L2.
+// The proxy fence orders the block's earlier plain reads of dst before the copy's writes.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile(
+      "fence.proxy.async.shared::cta;\n\t"
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar)), "l"(policy)
+      : "memory");
+}
+#endif
+
 // Resident rows, for a few rows of megabytes: one cooperative wave of blocks (one per SM) holds a
 // whole row on chip, K vectors of x per thread in registers, and keeps weight and bias in shared
 // memory, copied once for all rows (the vectors that do not fit come from L2 every row). Rows go
 // one after the other: the blocks' partial statistics meet behind a grid-wide barrier, then every
 // block normalizes its part from registers. x is read once, y written once, parameters read once.
-// With `prefetch`, shared memory also holds a buffer for the thread's vectors of the next row,
-// copied (cp.async) while the blocks wait at the barrier, so DRAM keeps streaming through it.
-// Grid thread g (= block * blockDim + thread) holds vectors g, g + G, ... (G threads in all).
+// With `prefetch`, shared memory also holds a buffer for the block's vectors of the next row, copied
+// from the moment the block arrives at the barrier, so DRAM keeps streaming through the barrier.
+// Grid thread g (= block * blockDim + thread) holds vectors g, g + G, ... (G threads in all): the
+// block's k-th vectors are one contiguous run of blockDim vectors.
+// Statistics are plain sums of moments about the row's first element (shift), in double: the grid
+// total is one sum of the blocks' parts, the variance S2 / n - (S1 / n)^2. Since the shift is one
+// of the row's values, (mean - shift)^2 <= n var, so the cancellation costs at most a factor n of
+// double's precision (n <= 2**24: 4e-9 relative). Each thread's part comes from its exact
+// (count, mean, M2) over its registers (two passes). Chan merges (a division per step) cost
+// 1.8 us a row per reduction, and DRAM idles while they run (H100).
+// A block's part of a row: the sums of x - shift and (x - shift)^2 over its elements.
+struct RowMoments {
+  double sum, sum_sq;
+};
 constexpr int kResidentThreads = 1024;  // at least the number of SMs: thread j gathers block j's partial
 
 template <typename T, typename W, int VEC, int K>
@@ -824,17 +872,35 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
   using V = Vec<T, VEC>;
   using P = ParamVec<W, VEC>;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  __shared__ Stats<A> red[32];
-  __shared__ __align__(16) T shift_src[16 / sizeof(T)];  // the row's first 4 bytes, copied
+  __shared__ A sums[32];
+  __shared__ double dsums[2][64];  // consecutive block reductions alternate buffers (see group_sums)
+  // The row's first element, copied: 4 bytes (two elements) for 2-byte types, cp.async's smallest.
+  constexpr int kShiftBytes = sizeof(T) < 4 ? 4 : int(sizeof(T));
+  __shared__ __align__(16) T shift_src[16 / sizeof(T)];
+#ifdef FASTNORM_BULK
+  __shared__ __align__(8) uint64_t staged_bar;  // completes when the next row's copies have landed
+#endif
   const int tid = threadIdx.x, threads = blockDim.x;
   P* slots = reinterpret_cast<P*>(dyn_smem);  // slot j of this thread: slots[j * threads + tid]
   V* next = reinterpret_cast<V*>(slots + smem_slots * threads);  // next row: next[k * threads + tid]
   const bool rms = a.rms, has_w = a.w != nullptr, has_b = a.b != nullptr;
   const int nvec = int(a.n / VEC);  // at most 8 vectors per thread of the grid
   const int step = int(gridDim.x) * threads, first = int(blockIdx.x) * threads + tid;
+  // Vectors in the block's k-th run, and in all its runs.
+  auto run = [&](int k) {
+    const int left = nvec - (k * step + int(blockIdx.x) * threads);
+    return left < 0 ? 0 : left < threads ? left : threads;
+  };
+  int block_vecs = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) block_vecs += run(k);
   const ParamSlots<W, VEC, K> params{slots, smem_slots, tid, threads};
   params.copy(a.w, a.b, first, step, nvec);
-  auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
+#ifdef FASTNORM_BULK
+  if (prefetch && tid == 0) mbarrier_init(&staged_bar);
+  __syncthreads();
+#endif
+  auto* partials = reinterpret_cast<RowMoments*>(ws.partials);
   for (int64_t row = 0; row < a.rows; ++row) {
     const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
     V r[K];
@@ -842,48 +908,109 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
     // where a read by every warp of the grid would queue on one L2 slice like the partials below.
     const bool staged = prefetch && row > 0;  // this row's vectors and shift are already copied
     if (!staged) {
-      if (!rms && tid == 0) cp_async<4>(shift_src, a.x + row * a.x_stride);
+      if (!rms && tid == 0) cp_async<kShiftBytes>(shift_src, a.x + row * a.x_stride);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const int i = first + k * step;
         if (i < nvec) r[k] = load_vec<true>(xv + i);
       }
     }
-    cp_async_wait_all();  // the parameters (first row), the staged row, the shift
+    cp_async_wait_all();  // the parameters (first row), the shift, the staged row (without bulk copies)
     if (!rms) __syncthreads();
     if (staged) {
+#ifdef FASTNORM_BULK
+      mbarrier_wait(&staged_bar, unsigned(row - 1) & 1u);
+#endif
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (first + k * step < nvec) r[k] = next[k * threads + tid];
       }
     }
     const A shift = rms ? A(0) : A(to_acc(shift_src[0]));
-    const Stats<A> s = group_reduce(thread_stats<A>(r, first, step, nvec, rms, shift), threads, rms, red);
-    if (prefetch && row + 1 < a.rows) {  // every thread has read shift_src: group_reduce synchronized
+    // The block's part, as moments about the shift: RMSNorm the sum of squares (float); LayerNorm
+    // each thread's exact (count, mean, M2) over its registers, turned into the sums of x - shift
+    // and (x - shift)^2 in double, one block reduction. Invalid vectors of r are never read.
+    // Partials are double-buffered by row parity: a block rewrites this row's buffer two rows
+    // later, after the next barrier, which no block passes before all have read this one.
+    RowMoments* row_parts = partials + (row & 1) * gridDim.x;
+    if (rms) {
+      A total[1] = {A(0)};
+      A vals[VEC];
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (first + k * step >= nvec) continue;
+        widen(r[k].v, vals);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) total[0] = fma(vals[e], vals[e], total[0]);
+      }
+      group_sums(total, threads, sums);
+      if (tid == 0) row_parts[blockIdx.x] = RowMoments{0.0, double(total[0])};
+    } else {
+      A vals[VEC], sum = A(0), m2 = A(0);
+      int count = 0;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (first + k * step >= nvec) continue;
+        widen(r[k].v, vals);
+        ++count;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) sum += vals[e];
+      }
+      const A mean = count > 0 ? sum / A(count * VEC) : A(0);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (first + k * step >= nvec) continue;
+        widen(r[k].v, vals);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) m2 = fma(vals[e] - mean, vals[e] - mean, m2);
+      }
+      const double tn = double(count * VEC), d = double(mean) - double(shift);
+      double moments[2] = {tn * d, double(m2) + tn * d * d};
+      group_sums(moments, threads, dsums[0]);
+      if (tid == 0) row_parts[blockIdx.x] = RowMoments{moments[0], moments[1]};
+    }
+    // Grid barrier.
+    if (tid == 0) {
+      __threadfence();
+      atomicAdd(ws.arrivals, 1u);
+    }
+    // The next row's copies start after the arrival (a fence issued after them would wait for them),
+    // once every thread has read the staged row and the shift (group_sums synchronized).
+    if (prefetch && row + 1 < a.rows) {
       const T* nx = a.x + (row + 1) * a.x_stride;
-      if (!rms && tid == 0) cp_async<4>(shift_src, nx);
+      if (!rms && tid == 0) cp_async<kShiftBytes>(shift_src, nx);
+#ifdef FASTNORM_BULK
+      if (tid == 0) {
+        mbarrier_expect_bytes(&staged_bar, unsigned(block_vecs) * unsigned(sizeof(V)));
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          if (run(k) > 0)
+            bulk_copy(&next[k * threads], reinterpret_cast<const V*>(nx) + k * step + int(blockIdx.x) * threads,
+                      unsigned(run(k)) * unsigned(sizeof(V)), &staged_bar);
+        }
+      }
+#else
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const int i = first + k * step;
         if (i < nvec) cp_async<16>(&next[k * threads + tid], reinterpret_cast<const V*>(nx) + i);
       }
+#endif
     }
-    // Grid barrier. Partials are double-buffered by row parity: a block rewrites this row's buffer
-    // two rows later, after the next barrier, which no block passes before all have read this one.
-    Stats<A>* part = partials + (row & 1) * gridDim.x;
     if (tid == 0) {
-      part[blockIdx.x] = s;
-      __threadfence();
-      atomicAdd(ws.arrivals, 1u);
       const unsigned int target = gridDim.x * unsigned(row + 1);
       while (load_acquire(ws.arrivals) < target) __nanosleep(20);
     }
     __syncthreads();
     // Thread j < gridDim loads block j's partial: a few requests per block (every warp of the grid
-    // reading all partials queues on one L2 slice: 25-30 us a row), all in flight at once.
-    const Stats<A> mine = tid < int(gridDim.x) ? Stats<A>{__ldcg(&part[tid].n), __ldcg(&part[tid].mean), __ldcg(&part[tid].m2)}
-                                                : Stats<A>{A(0), A(0), A(0)};
-    const Affine<A> st = finalize(group_reduce(mine, threads, rms, red), a.n, a.eps, rms, shift);
+    // reading all partials queues on one L2 slice: 25-30 us a row), all in flight at once. The
+    // moments about the shift: sum of n (mean - shift), sum of M2 + n (mean - shift)^2.
+    double moments[2] = {0.0, 0.0};
+    if (tid < int(gridDim.x)) moments[0] = __ldcg(&row_parts[tid].sum), moments[1] = __ldcg(&row_parts[tid].sum_sq);
+    group_sums(moments, threads, dsums[1]);
+    const double inv_n = __drcp_rn(double(a.n));  // (a double division here spilled registers at K = 8)
+    const double mean_rel = moments[0] * inv_n, mean_sq = moments[1] * inv_n;
+    const Affine<A> st = affine_of(shift, A(mean_rel), A(rms ? mean_sq : corrected_variance(mean_rel, mean_sq)), a.eps, rms);
     V* yv = reinterpret_cast<V*>(a.y + row * a.n);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -1397,9 +1524,9 @@ static bool streamed_rows(const NormParams& p, int sms) {
   return p.blocks_per_row <= 0 && p.n * elem_size(p.dtype) >= kStreamRowBytes && p.outer < sms;
 }
 
-// Workspace of the resident kernel: the arrival counter (16 bytes), then partial
-// statistics of every block, double-buffered (sized for the widest accumulator).
-static int64_t grid_rows_workspace(int sms) { return 16 + 2 * int64_t(sms) * int64_t(sizeof(Stats<double>)); }
+// Workspace of the resident kernel: the arrival counter (16 bytes), then the partial moments of
+// every block, double-buffered.
+static int64_t grid_rows_workspace(int sms) { return 16 + 2 * int64_t(sms) * int64_t(sizeof(RowMoments)); }
 
 // Workspace of the streamed path: partial statistics [rows][chunks], then per-row Affine.
 static int64_t stream_chunks(const NormParams& p, int vec) { return (p.n / vec + kStreamChunkVec - 1) / kStreamChunkVec; }
@@ -1624,15 +1751,21 @@ static int blocks_per_sm(const void* kernel, int threads, size_t smem) {
 // slots in shared memory, and whether a next-row buffer is kept there too. The buffer takes room
 // from the parameters; it is kept when the parameters this pushes out (re-read from L2 every row)
 // stay within kResidentL2Params.
-// Measured on H100 (benchmarks/NOTES.md), the kernel beats the streamed one for float32 RMSNorm
-// only (16x4194304: 298 -> 251 us): each row's statistics, two block reductions and the grid
-// barrier sit on one critical path while DRAM idles, and LayerNorm's longer statistics (two passes,
-// Chan merges) or half types' shorter rows lose more there than reading x once saves.
+// Measured on H100 (benchmarks/NOTES.md "resident2"), the kernel beats the streamed one from rows of
+// 8 MB on (16x4194304 fp32: LN 307 -> 290 us, RMS 251 -> 219; bf16 166 -> 157, 156 -> 134), and
+// loses on 4 MB rows (fp32 64x1048576: 300 -> 372 us): each row's statistics, block reductions and
+// grid barrier sit on one critical path, a fixed cost per row that long rows amortize.
 struct ResidentPlan {
   int k, smem_slots, prefetch;
   size_t smem;
 };
 constexpr int64_t kResidentL2Params = 8 << 20;
+constexpr int64_t kResidentRowBytes = 8 << 20;
+
+// Vectors of x a thread holds, at most: 8 (32 registers) for 4-byte types; 2-byte types (which
+// widen 8 elements a vector) and float64 spill at 8 under the 64-register cap.
+template <typename T>
+constexpr int kResidentMaxK = sizeof(T) == 4 ? 8 : 4;
 
 template <typename T, typename W, int VEC>
 static const void* resident_kernel(int k) {
@@ -1640,17 +1773,20 @@ static const void* resident_kernel(int k) {
     case 1: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 1>);
     case 2: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 2>);
     case 4: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 4>);
-    default: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 8>);
+    default:
+      if constexpr (kResidentMaxK<T> >= 8) return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 8>);
+      return nullptr;
   }
 }
 
 template <typename T, typename W, int VEC>
 static ResidentPlan resident_plan(const NormParams& p, const Device& dev) {
   const ResidentPlan none{0, 0, 0, 0};
-  if (!p.rms || !dev.coop || dev.sms > kResidentThreads || !streamed_rows(p, dev.sms)) return none;
+  if (!dev.coop || dev.sms > kResidentThreads || !streamed_rows(p, dev.sms)) return none;
+  if (p.n * elem_size(p.dtype) < kResidentRowBytes) return none;
   const int64_t threads = int64_t(dev.sms) * kResidentThreads;
   const int64_t need = (p.n / VEC + threads - 1) / threads;
-  if (need > 8) return none;  // 32 registers of x a thread
+  if (need > kResidentMaxK<T>) return none;
   const int k = pow2_at_least(need);
   const int64_t slot_bytes = int64_t(kResidentThreads) * int64_t(sizeof(ParamVec<W, VEC>));
   const int64_t buffer_bytes = int64_t(k) * kResidentThreads * int64_t(sizeof(Vec<T, VEC>));
@@ -1689,7 +1825,7 @@ static const char* launch_resident(const NormParams& p, const ResidentPlan& plan
 template <typename T, typename W, int VEC>
 static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   const Device dev = device_info();
-  if constexpr (VEC > 1 && std::is_same<T, float>::value && std::is_same<W, float>::value) {  // see resident_plan
+  if constexpr (VEC > 1) {
     const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);
     if (resident.k > 0) return launch_resident<T, W, VEC>(p, resident, stream);
   }
