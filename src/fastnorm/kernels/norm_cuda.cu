@@ -726,6 +726,64 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? CachedRowBlocksOf<T>
   }
 }
 
+// Few rows (fewer than SMs; latency-bound): one block per row, one vector a thread, x and the
+// parameters loaded into registers at once, 32-bit indices, no loop. The row kernel's general path
+// issued ~890 instructions a warp on a 1x4096 bf16 LayerNorm against ~570 in torch.compile's Triton
+// kernel (ncu, H100); the statistics are the row kernel's plain sums (rough mean, then the
+// corrected two-pass sums), so both kernels agree on every row. (2 or 4 vectors a thread, in
+// blocks a half or a quarter the size, measured 0.1-1.6 us slower on bf16 rows, level on fp32.)
+constexpr int kFewRowsThreads = 1024;  // rows of at most this many vectors
+
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(kFewRowsThreads) few_rows_kernel(RowArgs<T, W> a) {
+  using A = typename AccOf<T>::type;
+  using V = Vec<T, VEC>;
+  __shared__ A sums[2][64];
+  const int t = threadIdx.x, nvec = int(a.n / VEC);
+  const bool active = t < nvec, rms = a.rms, has_w = a.w != nullptr, has_b = a.b != nullptr;
+  V xr;
+  ParamVec<W, VEC> wr, br;
+  A vals[VEC];
+  if (active) {
+    xr = reinterpret_cast<const V*>(a.x + int64_t(blockIdx.x) * a.x_stride)[t];
+    if (has_w) wr = load_param_vec<false, W, VEC>(a.w + t * VEC);
+    if (has_b) br = load_param_vec<false, W, VEC>(a.b + t * VEC);
+    widen(xr.v, vals);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) vals[e] = A(0);  // idle threads add zeros
+  }
+  const A inv_n = A(1) / A(a.n);
+  A total[1] = {A(0)};
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) total[0] = rms ? fma(vals[e], vals[e], total[0]) : fma(vals[e], inv_n, total[0]);
+  group_sums(total, blockDim.x, sums[0]);
+  Affine<A> st;
+  if (rms) {
+    st = affine_of(A(0), A(0), total[0] * inv_n, a.eps, true);
+  } else {
+    const A c = total[0];
+    A dev[2] = {A(0), A(0)};
+    if (active) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const A d = vals[e] - c;
+        dev[0] += d;
+        dev[1] = fma(d, d, dev[1]);
+      }
+    }
+    group_sums(dev, blockDim.x, sums[1]);
+    const A mean_d = dev[0] * inv_n;
+    st = affine_of(c, mean_d, corrected_variance(mean_d, dev[1] * inv_n), a.eps, false);
+  }
+  if (!active) return;
+  A wv[VEC], bv[VEC];
+  if (has_w) widen(wr.v, wv);
+  if (has_b) widen(br.v, bv);
+  V* yv = reinterpret_cast<V*>(a.y + int64_t(blockIdx.x) * a.n);
+  store_vec<false>(yv + t, normalize_with(xr, st, has_w, wv, has_b, bv, !rms));
+}
+
 // Split rows: `g` blocks per row, `slots` rows in flight; block `blockIdx.x` works on slot
 // blockIdx.x / g, slice blockIdx.x % g, for rows slot, slot + slots, ... (one wave each).
 struct SplitWorkspace {
@@ -842,6 +900,10 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
       "l"(src), "r"(bytes), "r"(shared_address(bar)), "l"(policy)
       : "memory");
 }
+// `bytes` (a multiple of 16, 16-byte aligned) from global memory into L2, no destination on chip.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
 #endif
 
 // Resident rows, for a few rows of megabytes: one cooperative wave of blocks (one per SM) holds a
@@ -849,8 +911,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 // memory, copied once for all rows (the vectors that do not fit come from L2 every row). Rows go
 // one after the other: the blocks' partial statistics meet behind a grid-wide barrier, then every
 // block normalizes its part from registers. x is read once, y written once, parameters read once.
-// With `prefetch`, shared memory also holds a buffer for the block's vectors of the next row, copied
-// from the moment the block arrives at the barrier, so DRAM keeps streaming through the barrier.
+// From the moment a block arrives at a row's barrier, its vectors of the next rows are staged
+// (`prefetch`), so DRAM keeps streaming through the barrier: the next row is copied into a
+// shared-memory buffer where there is room beside the parameters, else prefetched into L2, where its
+// loads find it (float32 LayerNorm of 16 MB rows, whose 32 MB of parameters leave no room: 289 ->
+// 260 us on 16x4194304, H100; DRAM reads rose from 302 to 324 MB, L2 losing a few of the lines).
+// With a buffer, the row after the next one can go to L2 as well, so that the buffer's copies come
+// from there: rows of 8 MB gain (bf16 16x4194304 LN 158 -> 148 us, fp32 32x2097152 LN 278 -> 256),
+// rows of 16 MB lose (fp32 RMS 16x4194304: 220 -> 235 us: L2 does not keep two rows).
 // Grid thread g (= block * blockDim + thread) holds vectors g, g + G, ... (G threads in all): the
 // block's k-th vectors are one contiguous run of blockDim vectors.
 // Statistics are plain sums of moments about the row's first element (shift), in double: the grid
@@ -863,6 +931,10 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 struct RowMoments {
   double sum, sum_sq;
 };
+// Bits of the resident kernel's `prefetch`, what it stages while a row waits at its barrier:
+// kStageShared, the next row into a shared-memory buffer (TMA copies); kStageL2, a row into L2 (TMA
+// prefetches): the next one when there is no buffer, else the one after it.
+constexpr int kStageShared = 1, kStageL2 = 2;
 constexpr int kResidentThreads = 1024;  // at least the number of SMs: thread j gathers block j's partial
 
 template <typename T, typename W, int VEC, int K>
@@ -897,16 +969,51 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
   const ParamSlots<W, VEC, K> params{slots, smem_slots, tid, threads};
   params.copy(a.w, a.b, first, step, nvec);
 #ifdef FASTNORM_BULK
-  if (prefetch && tid == 0) mbarrier_init(&staged_bar);
+  if ((prefetch & kStageShared) && tid == 0) mbarrier_init(&staged_bar);
   __syncthreads();
 #endif
+  // Stages the next rows while row `row` waits at its barrier (see kStage*); thread 0 issues the
+  // bulk copies and prefetches.
+  auto stage_next = [&](int64_t row) {
+    if (row + 1 >= a.rows) return;
+    const T* nx = a.x + (row + 1) * a.x_stride;
+    if (prefetch & kStageShared) {
+      if (!rms && tid == 0) cp_async<kShiftBytes>(shift_src, nx);
+#ifdef FASTNORM_BULK
+      if (tid == 0) {
+        const V* nxv = reinterpret_cast<const V*>(nx) + int(blockIdx.x) * threads;
+        mbarrier_expect_bytes(&staged_bar, unsigned(block_vecs) * unsigned(sizeof(V)));
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          if (run(k) > 0) bulk_copy(&next[k * threads], nxv + k * step, unsigned(run(k)) * unsigned(sizeof(V)), &staged_bar);
+        }
+      }
+#else
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int i = first + k * step;
+        if (i < nvec) cp_async<16>(&next[k * threads + tid], reinterpret_cast<const V*>(nx) + i);
+      }
+#endif
+    }
+#ifdef FASTNORM_BULK
+    const int64_t l2_row = row + ((prefetch & kStageShared) ? 2 : 1);
+    if ((prefetch & kStageL2) && tid == 0 && l2_row < a.rows) {
+      const V* lv = reinterpret_cast<const V*>(a.x + l2_row * a.x_stride) + int(blockIdx.x) * threads;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (run(k) > 0) bulk_prefetch_l2(lv + k * step, unsigned(run(k)) * unsigned(sizeof(V)));
+      }
+    }
+#endif
+  };
   auto* partials = reinterpret_cast<RowMoments*>(ws.partials);
   for (int64_t row = 0; row < a.rows; ++row) {
     const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
     V r[K];
     // LayerNorm's shift (the row's first element) comes through shared memory: one read per block,
     // where a read by every warp of the grid would queue on one L2 slice like the partials below.
-    const bool staged = prefetch && row > 0;  // this row's vectors and shift are already copied
+    const bool staged = (prefetch & kStageShared) && row > 0;  // this row's vectors and shift are already copied
     if (!staged) {
       if (!rms && tid == 0) cp_async<kShiftBytes>(shift_src, a.x + row * a.x_stride);
 #pragma unroll
@@ -976,27 +1083,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
     }
     // The next row's copies start after the arrival (a fence issued after them would wait for them),
     // once every thread has read the staged row and the shift (group_sums synchronized).
-    if (prefetch && row + 1 < a.rows) {
-      const T* nx = a.x + (row + 1) * a.x_stride;
-      if (!rms && tid == 0) cp_async<kShiftBytes>(shift_src, nx);
-#ifdef FASTNORM_BULK
-      if (tid == 0) {
-        mbarrier_expect_bytes(&staged_bar, unsigned(block_vecs) * unsigned(sizeof(V)));
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          if (run(k) > 0)
-            bulk_copy(&next[k * threads], reinterpret_cast<const V*>(nx) + k * step + int(blockIdx.x) * threads,
-                      unsigned(run(k)) * unsigned(sizeof(V)), &staged_bar);
-        }
-      }
-#else
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int i = first + k * step;
-        if (i < nvec) cp_async<16>(&next[k * threads + tid], reinterpret_cast<const V*>(nx) + i);
-      }
-#endif
-    }
+    stage_next(row);
     if (tid == 0) {
       const unsigned int target = gridDim.x * unsigned(row + 1);
       while (load_acquire(ws.arrivals) < target) __nanosleep(20);
@@ -1748,9 +1835,10 @@ static int blocks_per_sm(const void* kernel, int threads, size_t smem) {
 }
 
 // Resident rows: vectors per thread (1..8; 0 when the call does not suit the kernel), parameter
-// slots in shared memory, and whether a next-row buffer is kept there too. The buffer takes room
+// slots in shared memory, and how the next row is staged (kStage*). A next-row buffer takes room
 // from the parameters; it is kept when the parameters this pushes out (re-read from L2 every row)
-// stay within kResidentL2Params.
+// stay within kResidentL2Params, else the next row is prefetched into L2 (Hopper's bulk prefetch);
+// with a buffer, rows of up to kResidentL2AheadBytes also have the row after next prefetched.
 // Measured on H100 (benchmarks/NOTES.md "resident2"), the kernel beats the streamed one from rows of
 // 8 MB on (16x4194304 fp32: LN 307 -> 290 us, RMS 251 -> 219; bf16 166 -> 157, 156 -> 134), and
 // loses on 4 MB rows (fp32 64x1048576: 300 -> 372 us): each row's statistics, block reductions and
@@ -1761,6 +1849,7 @@ struct ResidentPlan {
 };
 constexpr int64_t kResidentL2Params = 8 << 20;
 constexpr int64_t kResidentRowBytes = 8 << 20;
+constexpr int64_t kResidentL2AheadBytes = 12 << 20;
 
 // Vectors of x a thread holds, at most: 8 (32 registers) for 4-byte types; 2-byte types (which
 // widen 8 elements a vector) and float64 spill at 8 under the 64-register cap.
@@ -1794,9 +1883,11 @@ static ResidentPlan resident_plan(const NormParams& p, const Device& dev) {
   const int64_t wanted = int64_t(k) * ((p.weight ? 1 : 0) + (p.bias ? 1 : 0));
   auto slots_within = [&](int64_t bytes) { return bytes > 0 ? std::min(wanted, bytes / slot_bytes) : int64_t(0); };
   const int64_t spilled = (wanted - slots_within(budget - buffer_bytes)) * slot_bytes * dev.sms;
-  const int prefetch = p.outer > 1 && budget >= buffer_bytes && spilled <= kResidentL2Params;
-  const int64_t slots = slots_within(prefetch ? budget - buffer_bytes : budget);
-  const size_t smem = size_t(slots * slot_bytes + (prefetch ? buffer_bytes : 0));
+  const bool buffer = p.outer > 1 && budget >= buffer_bytes && spilled <= kResidentL2Params;
+  const bool l2 = dev.major >= 9 && p.outer > 1 && (!buffer || p.n * elem_size(p.dtype) <= kResidentL2AheadBytes);
+  const int prefetch = (buffer ? kStageShared : 0) | (l2 ? kStageL2 : 0);
+  const int64_t slots = slots_within(buffer ? budget - buffer_bytes : budget);
+  const size_t smem = size_t(slots * slot_bytes + (buffer ? buffer_bytes : 0));
   const void* kernel = resident_kernel<T, W, VEC>(k);
   static bool smem_allowed[4] = {false, false, false, false};
   const int which = k == 1 ? 0 : k == 2 ? 1 : k == 4 ? 2 : 3;
@@ -1823,6 +1914,16 @@ static const char* launch_resident(const NormParams& p, const ResidentPlan& plan
 }
 
 template <typename T, typename W, int VEC>
+static const char* launch_few_rows(const NormParams& p, cudaStream_t stream) {
+  const int threads = std::max(32, pow2_at_least(p.n / VEC));
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, threads, p.rms};
+  few_rows_kernel<T, W, VEC><<<unsigned(p.outer), threads, 0, stream>>>(a);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, typename W, int VEC>
 static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   const Device dev = device_info();
   if constexpr (VEC > 1) {
@@ -1832,6 +1933,7 @@ static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   if (streamed_rows(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
   const int g = cluster_plan(p, dev, VEC);
   if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
+  if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) return launch_few_rows<T, W, VEC>(p, stream);
   const RowPlan plan = plan_rows<T, W, VEC>(p);
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms};
