@@ -1,0 +1,45 @@
+"""Device timing of latency-bound rows (fewer rows than SMs, short rows), fastnorm against torch.compile.
+
+A developer tool for A/B runs on the GPU machine: run it once per build (different PYTHONPATH /
+TORCH_EXTENSIONS_DIR) and alternate the builds a few times; one line of results per run.
+Usage: python benchmarks/latency_rows.py LABEL [--compile]
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from fastnorm.ops import extension
+from quick_timing import bench
+
+SHAPES = [(1, 4096), (32, 4096), (64, 1024), (100, 2048)]
+
+
+def main():
+    ext = extension.load("cuda")
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    with_compile = "--compile" in sys.argv
+    cells = []
+    for dt in (torch.bfloat16, torch.float32):
+        for m, n in SHAPES:
+            x = torch.randn(m, n, device="cuda", dtype=dt)
+            w = torch.rand(n, device="cuda", dtype=dt) + 0.5
+            b = torch.randn(n, device="cuda", dtype=dt)
+            for rms in (False, True):
+                def call():
+                    return ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, 0, 0)
+                ref = F.rms_norm(x, (n,), w, 1e-5) if rms else F.layer_norm(x, (n,), w, b, 1e-5)
+                wrong = (call().float() - ref.float()).abs().max().item() > 5e-2
+                cell = f"{'RMS' if rms else 'LN'} {m}x{n} {str(dt)[6:]}: {bench(call, flush, reps=200) * 1e6:.2f}"
+                cell += " WRONG" if wrong else ""
+                if with_compile:
+                    torch._dynamo.reset()
+                    fn = torch.compile(F.rms_norm if rms else F.layer_norm)
+                    args = (x, (n,), w, 1e-5) if rms else (x, (n,), w, b, 1e-5)
+                    cell += f" compile {bench(lambda: fn(*args), flush, reps=200) * 1e6:.2f}"
+                cells.append(cell)
+    print(sys.argv[1] + " | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
