@@ -4,6 +4,8 @@
 //  * row_norm_kernel       inner == 1, a row handled by a group of threads (1..512) keeping it in
 //                          shared memory (cp.async): one read of x, one write of y, few registers, so
 //                          several rows are in flight on each SM.
+//  * few_rows_kernel       inner == 1, fewer rows than SMs of at most 1024 vectors (latency-bound
+//                          calls): one block a row, one vector a thread, everything in registers.
 //  * cluster_row_norm_kernel inner == 1, rows of 96-512 KB with enough of them to fill the chip: a
 //                          thread-block cluster per row, slices in shared memory, statistics merged
 //                          through distributed shared memory (no grid-wide barrier).
@@ -14,7 +16,8 @@
 //                          then column-owned blocks that read weight and bias once for all rows.
 //  * resident_row_norm_kernel inner == 1, a few rows of 8-17 MB: one block per SM, the whole row on
 //                          chip (x in registers, parameters in shared memory), rows one after another
-//                          behind a grid barrier, the next row copied in (TMA) meanwhile: x read once.
+//                          behind a grid barrier, the next rows staged (TMA, into shared memory or L2)
+//                          meanwhile: x read once.
 //  * strided_tile_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
 //  / strided_norm_kernel   16-byte accesses, threads along the reduced axis; the tile in shared memory,
 //                          or in registers (read twice) when it is too large.
