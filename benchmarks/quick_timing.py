@@ -26,14 +26,17 @@ def bench(fn, flush, reps=30):
     return times[len(times) // 2] * 1e-3
 
 
+def copy_bandwidth(flush, reps=30):
+    """Bytes read + written per second by a 1 GiB device-to-device copy (random bytes)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / bench(lambda: dst.copy_(src), flush, reps)
+
+
 def main():
     use_compile = "--no-compile" not in sys.argv
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    copy_t = bench(lambda: dst.copy_(src), flush)
-    bw = 2 * src.numel() / copy_t
-    del src, dst
+    bw = copy_bandwidth(flush)
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s", flush=True)
 
     def rms_ref(x, eps=1e-5):

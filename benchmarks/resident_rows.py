@@ -10,17 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from fastnorm.ops import extension
-from quick_timing import bench
+from quick_timing import bench, copy_bandwidth
 
 
 def main():
     ext = extension.load("cuda")
     m, n = map(int, (sys.argv[2] if len(sys.argv) > 2 else "16x4194304").split("x"))
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() / bench(lambda: dst.copy_(src), flush, reps=20)
-    del src, dst
+    bw = copy_bandwidth(flush, reps=20)
     cells = []
     for dt in (torch.float32, torch.bfloat16):
         x = torch.randn(m, n, device="cuda", dtype=dt) + 3

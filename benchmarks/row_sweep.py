@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fastnorm.ops import extension
-from quick_timing import bench  # same folder: on sys.path when run as a script
+from quick_timing import bench, copy_bandwidth  # same folder: on sys.path when run as a script
 
 
 def main():
@@ -19,10 +19,7 @@ def main():
     args = [a for a in sys.argv[1:] if a != "--quick"]
     shapes = [tuple(int(v) for v in a.split("x")) for a in args] or [(16384, 4096), (4096, 16384), (65536, 1024)]
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    bw = 2 * src.numel() / bench(lambda: dst.copy_(src), flush, reps=40)
-    del src, dst
+    bw = copy_bandwidth(flush, reps=40)
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s", flush=True)
     for dt in (torch.bfloat16, torch.float32):
         for m, n in shapes:
