@@ -460,10 +460,15 @@ template <> struct MinBlocksOf<double> { static constexpr int value = 1; };
 // allows with 64 KB slices (40 registers a thread, as the cached row kernel).
 template <typename T> struct ClusterBlocksOf { static constexpr int value = 3; };
 template <> struct ClusterBlocksOf<double> { static constexpr int value = 1; };
-// The cached row kernel keeps x in shared memory, not registers: 3 blocks (42 registers a thread)
-// fit without spilling, and the extra rows in flight hide the latency of each row's reductions.
-template <typename T> struct CachedRowBlocksOf { static constexpr int value = 3; };
-template <> struct CachedRowBlocksOf<double> { static constexpr int value = 1; };
+// The cached row kernel keeps x in shared memory, not registers, so its register budget sets how
+// many blocks an SM holds, and the extra rows in flight hide the latency of each row's reductions:
+// 3 blocks of 512 threads at 40 registers, or 4 at 32 (`kMore`), where half types with float32
+// weights spill. H100, 4 against 3: rows that leave threads of their block idle or share a block
+// gain (bf16 4096x12288 LN 86.9 -> 89.7%, fp32 95.0 -> 96.5; bf16 65536x1024 and 32768x2048 +0.3-0.5
+// points); a block holding one whole row at 4 vectors a thread loses a little (bf16 4096x16384 LN
+// 91.8 -> 91.4%, fp32 8192x8192 -0.2) and keeps 3.
+template <typename T, typename W, bool kMore>
+constexpr int kCachedRowBlocks = sizeof(T) == 8 ? 1 : kMore && (sizeof(T) == 4 || std::is_same<T, W>::value) ? 4 : 3;
 
 // The vectors [v0, v1) of one row, processed by a group of `tpr` threads (this is thread `t`):
 // `stats` reads them once, keeping them in shared memory (`cache`) when the caller gave room, and
@@ -678,8 +683,8 @@ __device__ __forceinline__ A corrected_variance(A mean_d, A mean_sq) {
 // and d * d give the variance and the exact mean (c plus a small correction), however far the
 // mean is from zero. Cheaper than merging (count, mean, M2) triples, whose divisions made up a
 // tenth of the bf16 kernel's instructions, and as accurate.
-template <typename T, typename W, int VEC, bool kCached>
-__global__ void __launch_bounds__(kMaxRowThreads, kCached ? CachedRowBlocksOf<T>::value : MinBlocksOf<T>::value) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec) {
+template <typename T, typename W, int VEC, bool kCached, bool kMore = false>
+__global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, W, kMore> : MinBlocksOf<T>::value) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec) {
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -1723,6 +1728,7 @@ struct RowPlan {
   int tpr, threads, g, slots, grid;
   int64_t cache_vec;  // shared-memory vectors per row (row kernel) or per slice (split); 0: none
   size_t smem;
+  bool more_blocks;   // row kernel: the 4-blocks-an-SM budget (kCachedRowBlocks)
 };
 
 template <typename T, typename W, int VEC>
@@ -1749,7 +1755,7 @@ static RowPlan plan_rows(const NormParams& p) {
       if (g > resident) g = resident;
       int64_t slots = resident / g;
       if (slots > p.outer) slots = p.outer;
-      return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem};
+      return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem, false};
     }
   }
   // Vectors per thread: 4 (H100: best of 2, 4, 8 on rows of 2-32 KB, fp32 and bf16); a call with
@@ -1764,14 +1770,20 @@ static RowPlan plan_rows(const NormParams& p) {
   const int64_t cache_vec = cache_bytes <= kRowCacheBytes ? nvec : 0;
   if (cache_vec) {
     static bool smem_allowed = false;
-    if (!smem_allowed) allow_smem(row_norm_kernel<T, W, VEC, true>), smem_allowed = true;
+    if (!smem_allowed) {
+      allow_smem(row_norm_kernel<T, W, VEC, true>);
+      if constexpr (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>) allow_smem(row_norm_kernel<T, W, VEC, true, true>);
+      smem_allowed = true;
+    }
   }
+  const bool whole_block_row = threads == kMaxRowThreads && tpr == threads && nvec == per_thread * tpr;
+  const bool more_blocks = kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false> && !whole_block_row;
   const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
   // Blocks beyond what is resident queue up, but smaller blocks leave a shorter tail: a cap of 32
   // blocks per SM (two row batches per block at 65536x1024) measured 1-2 points slower than 256.
   const int64_t cap = int64_t(dev.sms) * 256;
   return RowPlan{tpr, threads, 1, 0, int(blocks < cap ? blocks : cap), cache_vec,
-                 size_t(cache_vec ? cache_bytes : 0)};
+                 size_t(cache_vec ? cache_bytes : 0), more_blocks};
 }
 
 template <typename T, typename W, int VEC>
@@ -1943,7 +1955,12 @@ static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   if (plan.grid == 0) return nullptr;
   if (plan.g == 1) {
     if (plan.cache_vec) {
-      row_norm_kernel<T, W, VEC, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
+      if constexpr (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>) {
+        if (plan.more_blocks) row_norm_kernel<T, W, VEC, true, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
+      }
+      if (!plan.more_blocks) {
+        row_norm_kernel<T, W, VEC, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
+      }
     } else {
       row_norm_kernel<T, W, VEC, false><<<plan.grid, plan.threads, 0, stream>>>(a, 0);
     }
