@@ -11,7 +11,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from fastnorm.ops import extension
 from quick_timing import bench, copy_bandwidth  # same folder: on sys.path when run as a script
