@@ -26,6 +26,8 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64):
         fastnorm.rms_norm(big, big.shape[-1:], wb)
         del big, wb
     ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
+    # More slices than the chip holds with a cache: the split kernel without one.
+    ext.norm_forward(torch.randn(3, 50000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)
     for shape in [(2, 5, 3, 7), (2, 64, 8, 16), (1, 300, 4, 4), (1, 3000, 4, 4)]:  # strided: tiled, registers
         x = torch.randn(shape, device="cuda", dtype=dtype)
         fastnorm.rms_norm(x, None, None, 1e-5, dim=1)

@@ -233,9 +233,10 @@ def test_channels_last_input():
     check(run_op(x, 1, 2, None, None, 1e-5, True), reference(x, 1, 2, None, None, 1e-5, True), torch.float32)
 
 
-@pytest.mark.parametrize("threads,blocks", [(128, 0), (512, 0), (256, 4), (512, 16), (64, 3), (32, 200)])
+@pytest.mark.parametrize("threads,blocks", [(128, 0), (512, 0), (256, 4), (512, 16), (64, 3), (32, 200), (32, 6000)])
 def test_forced_configs(threads, blocks):
-    """Tuning overrides (used by the solver) must never change the result."""
+    """Tuning overrides (used by the solver) must never change the result. 6000 blocks of 32 threads
+    a row are more than the chip holds with a cache: the split kernel without one."""
     ext = extension.load("cuda")
     x = make((6, 50000), torch.float32, "offset", seed=threads + blocks)
     w, b = params((50000,), torch.float32, True, seed=1)

@@ -9,9 +9,11 @@
 //  * cluster_row_norm_kernel inner == 1, rows of 96-512 KB with enough of them to fill the chip: a
 //                          thread-block cluster per row, slices in shared memory, statistics merged
 //                          through distributed shared memory (no grid-wide barrier).
-//  * split_row_norm_kernel inner == 1, long rows: several blocks per row, each keeping its slice in
+//  * split_slice_kernel    inner == 1, long rows: several blocks per row, each keeping its slice in
 //                          shared memory; partial statistics meet through global memory behind a
 //                          per-row barrier (cooperative launch, so every block is resident).
+//                          split_row_norm_kernel: the same without a cache, when the slices are too
+//                          many to be resident.
 //  * stream_*_kernel       inner == 1, a few rows of megabytes: partial statistics, per-row totals,
 //                          then column-owned blocks that read weight and bias once for all rows.
 //  * resident_row_norm_kernel inner == 1, a few rows of 8-17 MB: one block per SM, the whole row on
@@ -24,8 +26,8 @@
 // Rows (slices) that do not fit the cache are read twice, the second time mostly from L2.
 // Statistics: the row kernel (rows in shared memory) makes passes over the cached row, each ending
 // in a plain sum over the row's threads: a rough mean, then the corrected two-pass sums about it.
-// So do the blocks of the cluster kernel over their slices, whose (count, mean, M2) are then merged
-// with Chan's parallel formula. The other kernels compute exact (count, mean, M2) of the values each
+// So do the blocks of the cluster and split-slice kernels over their slices, whose (count, mean, M2)
+// are then merged with Chan's parallel formula. The other kernels compute exact (count, mean, M2) of the values each
 // thread holds and combine them the same way, all relative to one shift (the row's first element),
 // so merged means stay small; the resident kernel sums moments about that shift in double. Either
 // way large offsets (x + 1000) cost no precision, and the output is (x - center) * rstd + offset
@@ -49,9 +51,6 @@ template <typename T> constexpr int kCacheOf = sizeof(T) == 4 ? 8 : 4;
 constexpr int kMaxRowThreads = 512;  // block size of the row and split kernels, at most
 constexpr int kClusterThreads = 512;  // block size of the cluster kernel
 constexpr int kMaxCluster = 8;        // blocks per cluster, at most (the portable limit)
-// Vectors whose parameters a thread of the split kernel loads at once, from its cached slice (64
-// registers: half types spill with two).
-template <typename T> constexpr int kSplitBatchOf = sizeof(T) == 2 ? 1 : 2;
 
 template <typename T> struct AccOf { using type = float; };
 template <> struct AccOf<double> { using type = double; };
@@ -470,106 +469,40 @@ template <> struct ClusterBlocksOf<double> { static constexpr int value = 1; };
 template <typename T, typename W, bool kMore>
 constexpr int kCachedRowBlocks = sizeof(T) == 8 ? 1 : kMore && (sizeof(T) == 4 || std::is_same<T, W>::value) ? 4 : 3;
 
-// The vectors [v0, v1) of one row, processed by a group of `tpr` threads (this is thread `t`):
-// `stats` reads them once, keeping them in shared memory (`cache`) when the caller gave room, and
-// returns this thread's statistics; the caller combines them; `apply` normalizes and stores,
-// from the cache or by reading x again (then from L2, the slice having just been read).
-// Thread t handles vectors t, t + tpr, ...: coalesced global accesses, conflict-free shared memory,
-// and each thread reads back only what it wrote itself (no barrier between the phases).
-template <typename A, typename T, int VEC, bool kCached, bool kEvictFirst = true>
+// The vectors [v0, v1) of one row that is not cached, processed by a group of `tpr` threads (this
+// is thread `t`): `stats` reads them and returns this thread's statistics; the caller combines
+// them; `apply` reads x again (then from L2, the slice having just been read), normalizes and stores.
+// Thread t handles vectors t, t + tpr, ...: coalesced global accesses.
+template <typename A, typename T, int VEC, bool kEvictFirst = true>
 struct RowSlice {
   using V = Vec<T, VEC>;
   static constexpr int kUnroll = UnrollOf<T>::value;
-  V* cache;
   int64_t v0, v1;
   int t, tpr;
 
+  // Exact statistics of each batch, merged; half the batch: the merge needs registers.
   __device__ __forceinline__ Stats<A> stats(const V* xv, bool rms, A shift) {
-    if constexpr (kCached) {
-      if constexpr (sizeof(V) >= 4) {
-        for (int64_t i = v0 + t; i < v1; i += tpr) cp_async<int(sizeof(V)), kEvictFirst>(cache + (i - v0), xv + i);
-        cp_async_wait_all();  // a thread only reads back its own copies: no barrier needed
-      } else {
-        for (int64_t i = v0 + t; i < v1; i += tpr) cache[i - v0] = load_vec<true>(xv + i);
-      }
-      A n = A(0), sum = A(0), vals[VEC];
-      for (int64_t i = v0 + t; i < v1; i += tpr) {
-        widen(cache[i - v0].v, vals);
+    constexpr int kHalf = kUnroll > 1 ? kUnroll / 2 : 1;
+    Stats<A> s{A(0), A(0), A(0)};
+    for (int64_t base = v0 + t; base < v1; base += int64_t(kHalf) * tpr) {
+      V r[kHalf];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A v = vals[e] - shift;
-          sum += rms ? v * v : v;
-        }
-        n += A(VEC);
+      for (int u = 0; u < kHalf; ++u) {
+        const int64_t i = base + int64_t(u) * tpr;
+        if (i < v1) r[u] = load_vec<false>(xv + i);
       }
-      if (rms || n == A(0)) return {n, A(0), sum};
-      const A mean = sum / n;
-      A m2 = A(0);
-      for (int64_t i = v0 + t; i < v1; i += tpr) {
-        widen(cache[i - v0].v, vals);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A d = (vals[e] - shift) - mean;
-          m2 += d * d;
-        }
-      }
-      return {n, mean, m2};
-    } else {  // exact statistics of each batch, merged; half the batch: the merge needs registers
-      constexpr int kHalf = kUnroll > 1 ? kUnroll / 2 : 1;
-      Stats<A> s{A(0), A(0), A(0)};
-      for (int64_t base = v0 + t; base < v1; base += int64_t(kHalf) * tpr) {
-        V r[kHalf];
-#pragma unroll
-        for (int u = 0; u < kHalf; ++u) {
-          const int64_t i = base + int64_t(u) * tpr;
-          if (i < v1) r[u] = load_vec<false>(xv + i);
-        }
-        s = merge(s, thread_stats<A>(r, base, tpr, v1, rms, shift), rms);
-      }
-      return s;
+      s = merge(s, thread_stats<A>(r, base, tpr, v1, rms, shift), rms);
     }
-  }
-
-  // Stores the cached slice, the parameters of kBatch vectors loaded before any of them is used:
-  // one L2 round trip per batch, not per vector (the compiler cannot hoist a load above the store
-  // of the previous vector, which may alias it). Parameters are relative to v0.
-  template <int kMaxBatch, bool kKeep, typename W>
-  __device__ __forceinline__ void store_cached(V* yv, const W* w, const W* b, const Affine<A>& st) {
-    // At most 64 bytes of each parameter in flight (16 registers): float32 weights of bf16 rows
-    // take 32 bytes a vector.
-    constexpr int kFit = 64 / int(sizeof(ParamVec<W, VEC>));
-    constexpr int kBatch = kFit < 1 ? 1 : kFit < kMaxBatch ? kFit : kMaxBatch;
-    const bool has_w = w != nullptr, has_b = b != nullptr;
-    for (int64_t base = v0 + t; base < v1; base += int64_t(kBatch) * tpr) {
-      ParamVec<W, VEC> wr[kBatch], br[kBatch];
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int64_t i = base + int64_t(k) * tpr;
-        if (i < v1 && has_w) wr[k] = load_param_vec<kKeep, W, VEC>(w + (i - v0) * VEC);
-        if (i < v1 && has_b) br[k] = load_param_vec<kKeep, W, VEC>(b + (i - v0) * VEC);
-      }
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int64_t i = base + int64_t(k) * tpr;
-        if (i < v1) {
-          A wv[VEC], bv[VEC];
-          if (has_w) widen(wr[k].v, wv);
-          if (has_b) widen(br[k].v, bv);
-          store_vec<kEvictFirst>(yv + i, normalize_with(cache[i - v0], st, has_w, wv, has_b, bv));
-        }
-      }
-    }
+    return s;
   }
 
   // One vector at a time: the parameters it needs take registers, and latency is hidden by the
-  // other rows in flight on the SM rather than by unrolling.
+  // other rows in flight on the SM rather than by unrolling. Parameters are relative to v0.
   template <bool kKeep, typename W>
   __device__ __forceinline__ void apply(const V* xv, V* yv, const W* w, const W* b, const Affine<A>& st) {
 #pragma unroll 2
     for (int64_t i = v0 + t; i < v1; i += tpr) {
-      V r;
-      if constexpr (kCached) r = cache[i - v0]; else r = load_vec<true>(xv + i);
-      store_vec<kEvictFirst>(yv + i, normalize_vec<kKeep, A>(r, st, w, b, (i - v0) * VEC));
+      store_vec<kEvictFirst>(yv + i, normalize_vec<kKeep, A>(load_vec<true>(xv + i), st, w, b, (i - v0) * VEC));
     }
   }
 };
@@ -727,7 +660,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, 
       store_own_vectors<false>(cache, yv, a.w, a.b, st, t, sh, count, rms);
     } else {
       const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
-      RowSlice<A, T, VEC, false, false> slice{cache, 0, active ? nvec : 0, t, tpr};
+      RowSlice<A, T, VEC, false> slice{0, active ? nvec : 0, t, tpr};
       const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, red);
       if (active) slice.template apply<false>(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
     }
@@ -807,12 +740,13 @@ __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
   return v;
 }
 
-template <typename T, typename W, int VEC, bool kCached>
+// Rows whose slices are too many to be resident with a cache: each block reads its slice twice (the
+// second time mostly from L2), the row's partial statistics merged by a block reduction.
+template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_row_norm_kernel(RowArgs<T, W> a, int g, int slots,
                                                                             SplitWorkspace ws) {
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
-  extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ Stats<A> red[32];
   __shared__ Affine<A> row_affine;
   const bool rms = a.rms;
@@ -821,25 +755,19 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
   const int64_t nvec = a.n / VEC;
   const int64_t per_block = (nvec + g - 1) / g;
   const int64_t v0 = min(nvec, part * per_block), v1 = min(nvec, v0 + per_block);
-  V* cache = kCached ? reinterpret_cast<V*>(dyn_smem) : nullptr;
   auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
+  // Column offsets in apply() are relative to v0, hence the shifted parameters. Later waves re-read
+  // them: keep them in L2 until the last one.
+  const W* w = a.w ? a.w + v0 * VEC : a.w;
+  const W* b = a.b ? a.b + v0 * VEC : a.b;
   int wave = 0;
   for (int64_t row = slot; row < a.rows; row += slots, ++wave) {
     const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
     V* yv = reinterpret_cast<V*>(a.y + row * a.n);
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    RowSlice<A, T, VEC, kCached> slice{cache, v0, v1, int(threadIdx.x), int(blockDim.x)};
+    RowSlice<A, T, VEC> slice{v0, v1, int(threadIdx.x), int(blockDim.x)};
     const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), blockDim.x, rms, red);
     Stats<A>* mine = partials + (size_t(wave & 1) * slots + slot) * g;
-    // While the row's other blocks catch up, have DRAM fetch this block's slice of its next row
-    // into L2: the next wave's copies then hit L2.
-    if (row + slots < a.rows) {
-      const char* next = reinterpret_cast<const char*>(a.x + (row + slots) * a.x_stride + v0 * VEC);
-      const int64_t bytes = (v1 - v0) * int64_t(sizeof(V));
-      for (int64_t off = int64_t(threadIdx.x) * 128; off < bytes; off += int64_t(blockDim.x) * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(next + off));
-      }
-    }
     if (threadIdx.x == 0) {
       mine[part] = s;
       __threadfence();
@@ -856,23 +784,90 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
     total = group_reduce(total, blockDim.x, rms, red);
     if (threadIdx.x == 0) row_affine = finalize(total, a.n, a.eps, rms, shift);
     __syncthreads();
-    // Column offsets in apply() are relative to v0: shift the parameters instead. Several waves
-    // re-read them: keep them in L2 until the last one.
-    const W* w = a.w ? a.w + v0 * VEC : a.w;
-    const W* b = a.b ? a.b + v0 * VEC : a.b;
-    if constexpr (kCached) {
-      if (slots < a.rows) slice.template store_cached<kSplitBatchOf<T>, true>(yv, w, b, row_affine);
-      else slice.template store_cached<kSplitBatchOf<T>, false>(yv, w, b, row_affine);
-    } else if (slots < a.rows) {
-      slice.template apply<true>(xv, yv, w, b, row_affine);
-    } else {
-      slice.template apply<false>(xv, yv, w, b, row_affine);
-    }
+    if (slots < a.rows) slice.template apply<true>(xv, yv, w, b, row_affine);
+    else slice.template apply<false>(xv, yv, w, b, row_affine);
   }
   if (slots < a.rows) {
     const int64_t bytes = (v1 - v0) * VEC * int64_t(sizeof(W));
     if (a.w) release_params(a.w + v0 * VEC, bytes);
     if (a.b) release_params(a.b + v0 * VEC, bytes);
+  }
+}
+
+// Split rows with cached slices (shared memory), their statistics taken as the cluster kernel does:
+// plain sums over the block's slice (a rough mean, then the corrected two-pass sums), then every warp
+// merges the g slice partials with Chan's formula, without a block barrier. The partials meet in
+// global memory behind the slot's arrival counter. Against the previous version (exact per-thread
+// (count, mean, M2) merged by block reductions before and after the barrier, parameters loaded two
+// vectors at a time with an L2 evict-last policy), H100, same process: fp32 LayerNorm 256x262144
+// 67 -> 76% of copy, 100x393216 61.5 -> 69; bf16 LayerNorm 128x524288 55 -> 69, 64x1048576 55.5 -> 65;
+// bf16 RMSNorm +2-7 points; fp32 RMSNorm 256x262144 81.6 -> 80.5, 128x524288 80 -> 77.6 (the one loss).
+template <typename T, typename W, int VEC>
+__global__ void __launch_bounds__(kMaxRowThreads, ClusterBlocksOf<T>::value) split_slice_kernel(RowArgs<T, W> a, int g, int slots,
+                                                                                 SplitWorkspace ws) {
+  using A = typename AccOf<T>::type;
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ A sums[2][64];
+  const int slot = blockIdx.x / g, part = blockIdx.x % g;
+  if (slot >= slots) return;  // whole block leaves: it takes part in no barrier
+  const int64_t nvec = a.n / VEC;
+  const int64_t per_block = (nvec + g - 1) / g;
+  const int64_t v0 = min(nvec, part * per_block), v1 = min(nvec, v0 + per_block);
+  const int threads = blockDim.x, sh = __ffs(threads) - 1;  // a power of two: shifts, not divisions
+  const int t = threadIdx.x, m = int(v1 - v0), lane = t & 31;
+  const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;  // this thread's vectors: t + (k << sh)
+  const A n_b = A(m) * A(VEC), inv_nb = m > 0 ? A(1) / n_b : A(0);
+  const bool rms = a.rms;
+  V* cache = reinterpret_cast<V*>(dyn_smem);
+  const W* w = a.w ? a.w + v0 * VEC : a.w;  // the slice's columns
+  const W* b = a.b ? a.b + v0 * VEC : a.b;
+  auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
+  int buf = 0, wave = 0;
+  for (int64_t row = slot; row < a.rows; row += slots, ++wave) {
+    const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0;
+    V* yv = reinterpret_cast<V*>(a.y + row * a.n) + v0;
+    const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
+    cache_own_vectors<true>(cache, xv, t, sh, count);
+    A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
+    group_sums(total, threads, sums[buf]);
+    buf ^= 1;
+    Stats<A> s{n_b, A(0), total[0]};
+    if (!rms) {
+      const A c = total[0];
+      A dev[2];
+      cached_deviation_sums(cache, t, sh, count, c, dev);
+      group_sums(dev, threads, sums[buf]);
+      buf ^= 1;
+      const A mean_d = dev[0] * inv_nb;
+      s.mean = m > 0 ? (c - shift) + mean_d : A(0);  // 0 for an empty slice keeps the merge exact
+      s.m2 = corrected_variance(mean_d, dev[1] * inv_nb) * n_b;
+    }
+    // The partials of a wave are read before any block arrives at the next wave's counter (the
+    // block barriers of its statistics come first), so two buffers, by wave parity, suffice.
+    Stats<A>* mine = partials + (size_t(wave & 1) * slots + slot) * g;
+    if (row + slots < a.rows) {  // DRAM fetches this block's slice of its next row into L2 meanwhile
+      const char* next = reinterpret_cast<const char*>(a.x + (row + slots) * a.x_stride + v0 * VEC);
+      const int64_t bytes = int64_t(m) * int64_t(sizeof(V));
+      for (int64_t off = int64_t(t) * 128; off < bytes; off += int64_t(threads) * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(next + off));
+      }
+    }
+    if (t == 0) {
+      mine[part] = s;
+      __threadfence();
+      atomicAdd(ws.arrivals + slot, 1u);
+      const unsigned int target = unsigned(g) * unsigned(wave + 1);
+      while (load_acquire(ws.arrivals + slot) < target) __nanosleep(32);
+    }
+    __syncthreads();
+    Stats<A> row_stats{A(0), A(0), A(0)};
+    for (int i = lane; i < g; i += 32) {
+      row_stats = merge(row_stats, Stats<A>{__ldcg(&mine[i].n), __ldcg(&mine[i].mean), __ldcg(&mine[i].m2)}, rms);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) row_stats = merge(row_stats, shfl_xor(row_stats, off), rms);
+    store_own_vectors<true>(cache, yv, w, b, finalize(row_stats, a.n, a.eps, rms, shift), t, sh, count, rms);
   }
 }
 
@@ -1256,7 +1251,7 @@ __global__ void __launch_bounds__(kStreamThreads) stream_stats_kernel(const T* x
   const int64_t v1 = v0 + chunk_vec < nvec ? v0 + chunk_vec : nvec;
   const T* xr = x + row * x_stride;
   const A shift = rms ? A(0) : A(to_acc(xr[0]));
-  RowSlice<A, T, VEC, false> slice{nullptr, v0, v1, int(threadIdx.x), int(blockDim.x)};
+  RowSlice<A, T, VEC> slice{v0, v1, int(threadIdx.x), int(blockDim.x)};
   const Stats<A> s = group_reduce(slice.stats(reinterpret_cast<const V*>(xr), rms, shift), blockDim.x, rms, red);
   if (threadIdx.x == 0) reinterpret_cast<Stats<A>*>(partials)[row * gridDim.x + blockIdx.x] = s;
 }
@@ -1741,16 +1736,16 @@ static RowPlan plan_rows(const NormParams& p) {
   int64_t g = wanted_blocks_per_row(p, dev.sms);
   if (g > 1 && dev.coop) {
     static bool smem_allowed = false;
-    if (!smem_allowed) allow_smem(split_row_norm_kernel<T, W, VEC, true>), smem_allowed = true;
+    if (!smem_allowed) allow_smem(split_slice_kernel<T, W, VEC>), smem_allowed = true;
     const int threads = split_threads(p);
     int64_t slice = (nvec + g - 1) / g;
     size_t smem = size_t(slice) * sizeof(V);
     if (int64_t(smem) > kMaxSmem) smem = 0;
     int per_sm = 0;
-    if (smem) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC, true>, threads, smem);
+    if (smem) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_slice_kernel<T, W, VEC>, threads, smem);
     if (int64_t(per_sm) * dev.sms < g) {  // too many slices to be resident: no cache, read x twice
       smem = 0;
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC, false>, threads, 0);
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC>, threads, 0);
     }
     const int64_t resident = int64_t(per_sm) * dev.sms;
     if (resident >= 1) {
@@ -1978,8 +1973,8 @@ static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
                       static_cast<unsigned char*>(p.workspace) + int64_t(plan.slots) * 16};
     int g = plan.g, slots = plan.slots;
     void* args[] = {&a, &g, &slots, &ws};
-    const void* kernel = plan.cache_vec ? reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC, true>)
-                                        : reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC, false>);
+    const void* kernel = plan.cache_vec ? reinterpret_cast<const void*>(split_slice_kernel<T, W, VEC>)
+                                        : reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC>);
     cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(plan.grid), dim3(plan.threads), args, plan.smem, stream);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
