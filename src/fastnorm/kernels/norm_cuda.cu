@@ -112,10 +112,10 @@ __device__ __forceinline__ V load_vec(const V* p) {
   return out;
 }
 
-// L2 hints on x and y (H100, benchmarks/NOTES.md "hints"): the row kernel and the channel-tile
-// kernel run 1.5-6 points of copy bandwidth faster without them, on every shape of the suite; the
-// split, cluster and resident kernels, which re-read parameters (or a next row) from L2 while x and
-// y stream, run up to 11 points faster with x copied and y stored evict-first. Hence the switch.
+// L2 hints on x and y (H100, benchmarks/NOTES.md "hints", "plain"): the row, channel-tile, cluster
+// and split-slice kernels run 1.5-10 points of copy bandwidth faster without them; the resident
+// kernel, which re-reads parameters and finds its next row in L2 while x and y stream, runs up to 8
+// points faster with x read and y stored evict-first. Hence the switch.
 template <bool kEvictFirst = true, typename V>
 __device__ __forceinline__ void store_vec(V* p, const V& v) {
   if constexpr (sizeof(V) == 16) {
@@ -797,11 +797,12 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
 // Split rows with cached slices (shared memory), their statistics taken as the cluster kernel does:
 // plain sums over the block's slice (a rough mean, then the corrected two-pass sums), then every warp
 // merges the g slice partials with Chan's formula, without a block barrier. The partials meet in
-// global memory behind the slot's arrival counter. Against the previous version (exact per-thread
-// (count, mean, M2) merged by block reductions before and after the barrier, parameters loaded two
-// vectors at a time with an L2 evict-last policy), H100, same process: fp32 LayerNorm 256x262144
-// 67 -> 76% of copy, 100x393216 61.5 -> 69; bf16 LayerNorm 128x524288 55 -> 69, 64x1048576 55.5 -> 65;
-// bf16 RMSNorm +2-7 points; fp32 RMSNorm 256x262144 81.6 -> 80.5, 128x524288 80 -> 77.6 (the one loss).
+// global memory behind the slot's arrival counter. Plain loads and stores, and no prefetch of the
+// next row into L2 during the barrier: H100, same process, against the previous split kernel (exact
+// per-thread statistics merged by block reductions, evict-first x and y, evict-last parameters, the
+// L2 prefetch): fp32 256x262144 LN 67 -> 85% of copy, RMS 81.6 -> 88.5; 128x524288 67 -> 81, 80 -> 85;
+// bf16 128x524288 55 -> 74, 72 -> 81.6. (The new statistics with the old hints and prefetch: 76 / 80.5;
+// hints without the prefetch: 82 / 86.)
 template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(kMaxRowThreads, ClusterBlocksOf<T>::value) split_slice_kernel(RowArgs<T, W> a, int g, int slots,
                                                                                  SplitWorkspace ws) {
@@ -828,7 +829,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, ClusterBlocksOf<T>::value) spl
     const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0;
     V* yv = reinterpret_cast<V*>(a.y + row * a.n) + v0;
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    cache_own_vectors<true>(cache, xv, t, sh, count);
+    cache_own_vectors<false>(cache, xv, t, sh, count);
     A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
     group_sums(total, threads, sums[buf]);
     buf ^= 1;
@@ -846,13 +847,6 @@ __global__ void __launch_bounds__(kMaxRowThreads, ClusterBlocksOf<T>::value) spl
     // The partials of a wave are read before any block arrives at the next wave's counter (the
     // block barriers of its statistics come first), so two buffers, by wave parity, suffice.
     Stats<A>* mine = partials + (size_t(wave & 1) * slots + slot) * g;
-    if (row + slots < a.rows) {  // DRAM fetches this block's slice of its next row into L2 meanwhile
-      const char* next = reinterpret_cast<const char*>(a.x + (row + slots) * a.x_stride + v0 * VEC);
-      const int64_t bytes = int64_t(m) * int64_t(sizeof(V));
-      for (int64_t off = int64_t(t) * 128; off < bytes; off += int64_t(threads) * 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(next + off));
-      }
-    }
     if (t == 0) {
       mine[part] = s;
       __threadfence();
@@ -867,7 +861,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, ClusterBlocksOf<T>::value) spl
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) row_stats = merge(row_stats, shfl_xor(row_stats, off), rms);
-    store_own_vectors<true>(cache, yv, w, b, finalize(row_stats, a.n, a.eps, rms, shift), t, sh, count, rms);
+    store_own_vectors<false>(cache, yv, w, b, finalize(row_stats, a.n, a.eps, rms, shift), t, sh, count, rms);
   }
 }
 
@@ -1116,9 +1110,10 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
 }
 
 // Cluster rows: a row split over the `g` blocks of a thread-block cluster (2..8), each keeping its
-// slice in shared memory. The blocks exchange partial statistics through distributed shared memory
-// behind the hardware cluster barrier, so clusters never wait for each other: one cluster's loads
-// overlap another's stores on the same SM (the grid-wide barrier of the split kernel cannot).
+// slice in shared memory (plain loads and stores: H100, fp32 1024x65536 LN 85 -> 89% of copy, RMS
+// 88 -> 92.8, bf16 81 -> 83, 86.5 -> 88.5, against evict-first x and y). The blocks exchange partial
+// statistics through distributed shared memory behind the hardware cluster barrier, so clusters
+// never wait for each other: one cluster's loads overlap another's stores on the same SM.
 // Cluster instructions exist from sm_90 on; older builds compile the kernel empty (the planner never
 // launches it on a device of compute capability below 9).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -1196,7 +1191,7 @@ __global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cl
     const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0;
     V* yv = reinterpret_cast<V*>(a.y + row * a.n) + v0;
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    cache_own_vectors<true>(cache, xv, t, sh, count);
+    cache_own_vectors<false>(cache, xv, t, sh, count);
     A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
     group_sums(total, threads, sums[buf]);
     buf ^= 1;
@@ -1225,7 +1220,7 @@ __global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cl
     }
 #pragma unroll
     for (int off = kMaxCluster / 2; off > 0; off >>= 1) row_stats = merge(row_stats, shfl_xor(row_stats, off), rms);
-    store_own_vectors<true>(cache, yv, w, b, finalize(row_stats, a.n, a.eps, rms, shift), t, sh, count, rms);
+    store_own_vectors<false>(cache, yv, w, b, finalize(row_stats, a.n, a.eps, rms, shift), t, sh, count, rms);
   }
   cluster_sync();  // no block may exit while another can still read its partials
 #else
@@ -1609,11 +1604,21 @@ static int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
   return g;
 }
 
-constexpr int64_t kStreamRowBytes = 4 << 20;  // rows from 4 MB up, fewer than the SMs: streamed
+constexpr int64_t kStreamRowBytes = 4 << 20;  // rows from 4 MB up, fewer than the SMs: resident or streamed
 constexpr int64_t kStreamChunkVec = 4096;    // vectors per partial-statistics block
+// Rows under 8 MB (too short for the resident kernel), at least this many: the split kernel instead
+// (H100, same process: fp32 64x1048576 LN 60 -> 63% of copy, RMS 61 -> 75; 100x1048576 62 -> 66,
+// 63 -> 75.5; bf16 32x2097152 56 -> 58.5, 58.5 -> 68). With 1-8 rows the streamed kernels, which
+// spread a row over the whole chip, stay ahead (fp32 4x1800000 LN 47 against 30%).
+constexpr int64_t kSplitRows = 32, kSplitRowBytes = 8 << 20;
 
 static bool streamed_rows(const NormParams& p, int sms) {
   return p.blocks_per_row <= 0 && p.n * elem_size(p.dtype) >= kStreamRowBytes && p.outer < sms;
+}
+
+// Few long rows that take neither the resident kernel nor the split kernel: three streamed kernels.
+static bool streamed_only(const NormParams& p, int sms) {
+  return streamed_rows(p, sms) && !(p.outer >= kSplitRows && p.n * elem_size(p.dtype) < kSplitRowBytes);
 }
 
 // Workspace of the resident kernel: the arrival counter (16 bytes), then the partial moments of
@@ -1946,7 +1951,7 @@ static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
     const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);
     if (resident.k > 0) return launch_resident<T, W, VEC>(p, resident, stream);
   }
-  if (streamed_rows(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
+  if (streamed_only(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
   const int g = cluster_plan(p, dev, VEC);
   if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
   if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) return launch_few_rows<T, W, VEC>(p, stream);
@@ -2053,7 +2058,7 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
   using namespace fastnorm;
   if (p.inner != 1 || p.outer == 0 || p.n == 0) return 0;
   const Device dev = device_info();
-  if (streamed_rows(p, dev.sms)) {  // enough for the streamed and the resident kernels
+  if (streamed_only(p, dev.sms)) {  // enough for the streamed and the resident kernels
     const int64_t streamed = p.outer * stream_chunks(p, row_vec(p)) * int64_t(sizeof(Stats<double>)) +
                              p.outer * int64_t(sizeof(Affine<double>));
     return std::max(streamed, grid_rows_workspace(dev.sms));
