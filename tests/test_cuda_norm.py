@@ -145,6 +145,16 @@ def test_long_rows(n, dtype, rms):
     check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
 
 
+@pytest.mark.parametrize("n,dtype", [(2**20 + 8, torch.float32), (2**21 + 16, torch.bfloat16)])
+@pytest.mark.parametrize("rms", [False, True])
+def test_many_rows_of_megabytes(n, dtype, rms):
+    """40 rows of 4 MB: the split kernel with cached slices (fewer rows would go to the streamed kernels)."""
+    x = make((40, n), dtype, "offset" if dtype == torch.float32 else "rand", seed=n % 83)
+    w, b = params((n,), dtype, True, seed=4)
+    b = None if rms else b
+    check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
+
+
 RESIDENT_CASES = [  # rows, n, dtype, rms, weighted, kind
     (3, 2**21, torch.float32, True, True, "randn"),  # 8 MB rows, next-row buffer
     (5, 2**22 + 64, torch.float32, True, True, "rand"),  # some weight vectors re-read from L2
