@@ -609,6 +609,55 @@ __device__ __forceinline__ A corrected_variance(A mean_d, A mean_sq) {
   return var >= A(0) ? var : isinf(mean_sq) ? mean_sq : A(0);
 }
 
+// A block's fixed column slice [v0, v1) of every row it handles (cluster and split-slice kernels),
+// m vectors, n_b elements; each thread owns vectors t + (k << sh) of it (blockDim a power of two).
+// `stats` copies the slice into shared memory and returns its statistics as (count, mean relative
+// to `shift`, M2) from plain sums (a rough mean, then the corrected two-pass sums): the partials the
+// kernels merge with Chan's formula. Its block reductions alternate the two `sums` buffers (see
+// group_sums); `buf` is the next one. `store` normalizes the cached slice and writes it.
+template <typename A, typename T, typename W, int VEC>
+struct BlockSlice {
+  using V = Vec<T, VEC>;
+  V* cache;
+  const W *w, *b;  // the slice's columns of weight and bias (null when absent)
+  int64_t v0;
+  int t, sh, m, count;
+  A n_b, inv_nb;
+
+  __device__ __forceinline__ BlockSlice(const RowArgs<T, W>& a, int64_t first, int64_t end, unsigned char* smem)
+      : cache(reinterpret_cast<V*>(smem)), w(a.w ? a.w + first * VEC : a.w), b(a.b ? a.b + first * VEC : a.b),
+        v0(first), t(threadIdx.x), m(int(end - first)) {
+    sh = __ffs(int(blockDim.x)) - 1;
+    count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;
+    n_b = A(m) * A(VEC);
+    inv_nb = m > 0 ? A(1) / n_b : A(0);
+  }
+
+  __device__ __forceinline__ Stats<A> stats(const RowArgs<T, W>& a, int64_t row, A shift, A (*sums)[64], int& buf) {
+    const bool rms = a.rms;
+    cache_own_vectors<false>(cache, reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0, t, sh, count);
+    A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
+    group_sums(total, 1 << sh, sums[buf]);
+    buf ^= 1;
+    Stats<A> s{n_b, A(0), total[0]};
+    if (!rms) {
+      const A c = total[0];
+      A dev[2];
+      cached_deviation_sums(cache, t, sh, count, c, dev);
+      group_sums(dev, 1 << sh, sums[buf]);
+      buf ^= 1;
+      const A mean_d = dev[0] * inv_nb;
+      s.mean = m > 0 ? (c - shift) + mean_d : A(0);  // 0 for an empty slice keeps the merge exact
+      s.m2 = corrected_variance(mean_d, dev[1] * inv_nb) * n_b;
+    }
+    return s;
+  }
+
+  __device__ __forceinline__ void store(const RowArgs<T, W>& a, int64_t row, const Affine<A>& st) {
+    store_own_vectors<false>(cache, reinterpret_cast<V*>(a.y + row * a.n) + v0, w, b, st, t, sh, count, a.rms);
+  }
+};
+
 // One row per group of `tpr` threads, blockDim / tpr rows per block; `cache_vec` vectors of shared
 // memory per row (0: no cache, x is read twice).
 // Cached rows take their statistics in passes over shared memory, each ending in one plain sum
@@ -740,6 +789,20 @@ __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
   return v;
 }
 
+// The split kernels' per-row barrier: thread 0 writes the block's partial, arrives at the slot's
+// counter and waits until it reaches `target` (g arrivals a wave); then the whole block goes on.
+template <typename A>
+__device__ __forceinline__ void publish_and_wait(Stats<A>* slot_partial, const Stats<A>& s, unsigned int* arrivals,
+                                                 unsigned int target) {
+  if (threadIdx.x == 0) {
+    *slot_partial = s;
+    __threadfence();
+    atomicAdd(arrivals, 1u);
+    while (load_acquire(arrivals) < target) __nanosleep(32);
+  }
+  __syncthreads();
+}
+
 // Rows whose slices are too many to be resident with a cache: each block reads its slice twice (the
 // second time mostly from L2), the row's partial statistics merged by a block reduction.
 template <typename T, typename W, int VEC>
@@ -768,14 +831,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, MinBlocksOf<T>::value) split_r
     RowSlice<A, T, VEC> slice{v0, v1, int(threadIdx.x), int(blockDim.x)};
     const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), blockDim.x, rms, red);
     Stats<A>* mine = partials + (size_t(wave & 1) * slots + slot) * g;
-    if (threadIdx.x == 0) {
-      mine[part] = s;
-      __threadfence();
-      atomicAdd(ws.arrivals + slot, 1u);
-      const unsigned int target = unsigned(g) * unsigned(wave + 1);
-      while (load_acquire(ws.arrivals + slot) < target) __nanosleep(32);
-    }
-    __syncthreads();
+    publish_and_wait(mine + part, s, ws.arrivals + slot, unsigned(g) * unsigned(wave + 1));
     Stats<A> total{A(0), A(0), A(0)};
     for (int i = threadIdx.x; i < g; i += blockDim.x) {
       const Stats<A> q{__ldcg(&mine[i].n), __ldcg(&mine[i].mean), __ldcg(&mine[i].m2)};
@@ -815,53 +871,25 @@ __global__ void __launch_bounds__(kMaxRowThreads, ClusterBlocksOf<T>::value) spl
   const int64_t nvec = a.n / VEC;
   const int64_t per_block = (nvec + g - 1) / g;
   const int64_t v0 = min(nvec, part * per_block), v1 = min(nvec, v0 + per_block);
-  const int threads = blockDim.x, sh = __ffs(threads) - 1;  // a power of two: shifts, not divisions
-  const int t = threadIdx.x, m = int(v1 - v0), lane = t & 31;
-  const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;  // this thread's vectors: t + (k << sh)
-  const A n_b = A(m) * A(VEC), inv_nb = m > 0 ? A(1) / n_b : A(0);
+  BlockSlice<A, T, W, VEC> slice(a, v0, v1, dyn_smem);
+  const int t = threadIdx.x, lane = t & 31;
   const bool rms = a.rms;
-  V* cache = reinterpret_cast<V*>(dyn_smem);
-  const W* w = a.w ? a.w + v0 * VEC : a.w;  // the slice's columns
-  const W* b = a.b ? a.b + v0 * VEC : a.b;
   auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
   int buf = 0, wave = 0;
   for (int64_t row = slot; row < a.rows; row += slots, ++wave) {
-    const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0;
-    V* yv = reinterpret_cast<V*>(a.y + row * a.n) + v0;
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    cache_own_vectors<false>(cache, xv, t, sh, count);
-    A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
-    group_sums(total, threads, sums[buf]);
-    buf ^= 1;
-    Stats<A> s{n_b, A(0), total[0]};
-    if (!rms) {
-      const A c = total[0];
-      A dev[2];
-      cached_deviation_sums(cache, t, sh, count, c, dev);
-      group_sums(dev, threads, sums[buf]);
-      buf ^= 1;
-      const A mean_d = dev[0] * inv_nb;
-      s.mean = m > 0 ? (c - shift) + mean_d : A(0);  // 0 for an empty slice keeps the merge exact
-      s.m2 = corrected_variance(mean_d, dev[1] * inv_nb) * n_b;
-    }
+    const Stats<A> s = slice.stats(a, row, shift, sums, buf);
     // The partials of a wave are read before any block arrives at the next wave's counter (the
     // block barriers of its statistics come first), so two buffers, by wave parity, suffice.
     Stats<A>* mine = partials + (size_t(wave & 1) * slots + slot) * g;
-    if (t == 0) {
-      mine[part] = s;
-      __threadfence();
-      atomicAdd(ws.arrivals + slot, 1u);
-      const unsigned int target = unsigned(g) * unsigned(wave + 1);
-      while (load_acquire(ws.arrivals + slot) < target) __nanosleep(32);
-    }
-    __syncthreads();
+    publish_and_wait(mine + part, s, ws.arrivals + slot, unsigned(g) * unsigned(wave + 1));
     Stats<A> row_stats{A(0), A(0), A(0)};
     for (int i = lane; i < g; i += 32) {
       row_stats = merge(row_stats, Stats<A>{__ldcg(&mine[i].n), __ldcg(&mine[i].mean), __ldcg(&mine[i].m2)}, rms);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) row_stats = merge(row_stats, shfl_xor(row_stats, off), rms);
-    store_own_vectors<false>(cache, yv, w, b, finalize(row_stats, a.n, a.eps, rms, shift), t, sh, count, rms);
+    slice.store(a, row, finalize(row_stats, a.n, a.eps, rms, shift));
   }
 }
 
@@ -1178,34 +1206,13 @@ __global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cl
   const int64_t first_row = cluster_id(), row_step = cluster_count();
   const int64_t nvec = a.n / VEC;
   const int64_t v0 = min(nvec, int64_t(part) * slice_vec), v1 = min(nvec, v0 + slice_vec);
-  const int threads = blockDim.x, sh = __ffs(threads) - 1;  // a power of two: shifts, not divisions
-  const int t = threadIdx.x, m = int(v1 - v0), lane = t & 31;
-  const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;  // this thread's vectors: t + (k << sh)
-  const A n_b = A(m) * A(VEC), inv_nb = m > 0 ? A(1) / n_b : A(0);
+  BlockSlice<A, T, W, VEC> slice(a, v0, v1, dyn_smem);
+  const int t = threadIdx.x, lane = t & 31;
   const bool rms = a.rms;
-  V* cache = reinterpret_cast<V*>(dyn_smem);
-  const W* w = a.w ? a.w + v0 * VEC : a.w;  // the slice's columns
-  const W* b = a.b ? a.b + v0 * VEC : a.b;
   int parity = 0;
   for (int64_t row = first_row; row < a.rows; row += row_step, parity ^= 1) {
-    const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0;
-    V* yv = reinterpret_cast<V*>(a.y + row * a.n) + v0;
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    cache_own_vectors<false>(cache, xv, t, sh, count);
-    A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
-    group_sums(total, threads, sums[buf]);
-    buf ^= 1;
-    Stats<A> s{n_b, A(0), total[0]};
-    if (!rms) {
-      const A c = total[0];
-      A dev[2];
-      cached_deviation_sums(cache, t, sh, count, c, dev);
-      group_sums(dev, threads, sums[buf]);
-      buf ^= 1;
-      const A mean_d = dev[0] * inv_nb;
-      s.mean = m > 0 ? (c - shift) + mean_d : A(0);  // 0 for an empty slice keeps the merge exact
-      s.m2 = corrected_variance(mean_d, dev[1] * inv_nb) * n_b;
-    }
+    const Stats<A> s = slice.stats(a, row, shift, sums, buf);
     if (t == 0) partial[parity] = s;
     // Publishes `partial` to the cluster. The next write to this buffer comes two rows later, after
     // the next barrier, which every block passes only once it has read this row's partials.
@@ -1220,7 +1227,7 @@ __global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cl
     }
 #pragma unroll
     for (int off = kMaxCluster / 2; off > 0; off >>= 1) row_stats = merge(row_stats, shfl_xor(row_stats, off), rms);
-    store_own_vectors<false>(cache, yv, w, b, finalize(row_stats, a.n, a.eps, rms, shift), t, sh, count, rms);
+    slice.store(a, row, finalize(row_stats, a.n, a.eps, rms, shift));
   }
   cluster_sync();  // no block may exit while another can still read its partials
 #else
