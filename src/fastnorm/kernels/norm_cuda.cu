@@ -1613,19 +1613,18 @@ static int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
 
 constexpr int64_t kStreamRowBytes = 4 << 20;  // rows from 4 MB up, fewer than the SMs: resident or streamed
 constexpr int64_t kStreamChunkVec = 4096;    // vectors per partial-statistics block
-// Rows under 8 MB (too short for the resident kernel), at least this many: the split kernel instead
-// (H100, same process: fp32 64x1048576 LN 60 -> 63% of copy, RMS 61 -> 75; 100x1048576 62 -> 66,
-// 63 -> 75.5; bf16 32x2097152 56 -> 58.5, 58.5 -> 68). With 1-8 rows the streamed kernels, which
-// spread a row over the whole chip, stay ahead (fp32 4x1800000 LN 47 against 30%).
-constexpr int64_t kSplitRows = 32, kSplitRowBytes = 8 << 20;
+constexpr int64_t kResidentRowBytes = 8 << 20;  // the resident kernel's rows, at least (see resident_plan)
+// Rows too short for the resident kernel, at least this many: the split kernel instead (H100, same
+// process: fp32 64x1048576 LN 60 -> 63% of copy, RMS 61 -> 75; 100x1048576 62 -> 66, 63 -> 75.5;
+// bf16 32x2097152 56 -> 58.5, 58.5 -> 68). With 1-8 rows the streamed kernels, which spread a row
+// over the whole chip, stay ahead (fp32 4x1800000 LN 47 against 30%).
+constexpr int64_t kSplitRows = 32;
 
+// Few long rows: the resident kernel where it takes them, else the three streamed kernels.
 static bool streamed_rows(const NormParams& p, int sms) {
-  return p.blocks_per_row <= 0 && p.n * elem_size(p.dtype) >= kStreamRowBytes && p.outer < sms;
-}
-
-// Few long rows that take neither the resident kernel nor the split kernel: three streamed kernels.
-static bool streamed_only(const NormParams& p, int sms) {
-  return streamed_rows(p, sms) && !(p.outer >= kSplitRows && p.n * elem_size(p.dtype) < kSplitRowBytes);
+  const int64_t row_bytes = p.n * elem_size(p.dtype);
+  return p.blocks_per_row <= 0 && row_bytes >= kStreamRowBytes && p.outer < sms &&
+         !(p.outer >= kSplitRows && row_bytes < kResidentRowBytes);
 }
 
 // Workspace of the resident kernel: the arrival counter (16 bytes), then the partial moments of
@@ -1872,7 +1871,6 @@ struct ResidentPlan {
   size_t smem;
 };
 constexpr int64_t kResidentL2Params = 8 << 20;
-constexpr int64_t kResidentRowBytes = 8 << 20;
 constexpr int64_t kResidentL2AheadBytes = 12 << 20;
 
 // Vectors of x a thread holds, at most: 8 (32 registers) for 4-byte types; 2-byte types (which
@@ -1958,7 +1956,7 @@ static const char* launch_rows(const NormParams& p, cudaStream_t stream) {
     const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);
     if (resident.k > 0) return launch_resident<T, W, VEC>(p, resident, stream);
   }
-  if (streamed_only(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
+  if (streamed_rows(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
   const int g = cluster_plan(p, dev, VEC);
   if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
   if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) return launch_few_rows<T, W, VEC>(p, stream);
@@ -2065,7 +2063,7 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
   using namespace fastnorm;
   if (p.inner != 1 || p.outer == 0 || p.n == 0) return 0;
   const Device dev = device_info();
-  if (streamed_only(p, dev.sms)) {  // enough for the streamed and the resident kernels
+  if (streamed_rows(p, dev.sms)) {  // enough for the streamed and the resident kernels
     const int64_t streamed = p.outer * stream_chunks(p, row_vec(p)) * int64_t(sizeof(Stats<double>)) +
                              p.outer * int64_t(sizeof(Affine<double>));
     return std::max(streamed, grid_rows_workspace(dev.sms));
