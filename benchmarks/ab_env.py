@@ -13,7 +13,7 @@ import sys
 import torch
 
 from fastnorm.ops import extension
-from quick_timing import bench, copy_bandwidth  # same folder: on sys.path when run as a script
+from quick_timing import affine_params, bench, copy_bandwidth  # same folder: on sys.path when run as a script
 
 ROUNDS = 3
 REPS = int(os.environ.get("AB_REPS", "30"))
@@ -48,8 +48,7 @@ def main():
             x = torch.randn(shape, device="cuda", dtype=dt) + 3
             n = shape[1] if len(shape) == 4 else shape[-1]
             dims = (1, 2) if len(shape) == 4 else (len(shape) - 1, len(shape))
-            w = torch.rand(n, device="cuda", dtype=dt) + 0.5
-            b = torch.randn(n, device="cuda", dtype=dt)
+            w, b = affine_params(n, dt)
             for rms in (False, True):
                 def call():
                     return ext.norm_forward(x, w, None if rms else b, *dims, 1e-5, rms, 0, 0)

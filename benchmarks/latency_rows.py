@@ -7,10 +7,9 @@ Usage: python benchmarks/latency_rows.py LABEL [--compile]
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from fastnorm.ops import extension
-from quick_timing import bench
+from quick_timing import affine_params, bench, torch_norm
 
 SHAPES = [(1, 4096), (32, 4096), (64, 1024), (100, 2048)]
 
@@ -23,20 +22,16 @@ def main():
     for dt in (torch.bfloat16, torch.float32):
         for m, n in SHAPES:
             x = torch.randn(m, n, device="cuda", dtype=dt)
-            w = torch.rand(n, device="cuda", dtype=dt) + 0.5
-            b = torch.randn(n, device="cuda", dtype=dt)
+            w, b = affine_params(n, dt)
             for rms in (False, True):
                 def call():
                     return ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, 0, 0)
-                ref = F.rms_norm(x, (n,), w, 1e-5) if rms else F.layer_norm(x, (n,), w, b, 1e-5)
+                ref = torch_norm(x, w, b, rms)()
                 wrong = (call().float() - ref.float()).abs().max().item() > 5e-2
                 cell = f"{'RMS' if rms else 'LN'} {m}x{n} {str(dt)[6:]}: {bench(call, flush, reps=200) * 1e6:.2f}"
                 cell += " WRONG" if wrong else ""
                 if with_compile:
-                    torch._dynamo.reset()
-                    fn = torch.compile(F.rms_norm if rms else F.layer_norm)
-                    args = (x, (n,), w, 1e-5) if rms else (x, (n,), w, b, 1e-5)
-                    cell += f" compile {bench(lambda: fn(*args), flush, reps=200) * 1e6:.2f}"
+                    cell += f" compile {bench(torch_norm(x, w, b, rms, compiled=True), flush, reps=200) * 1e6:.2f}"
                 cells.append(cell)
     print(sys.argv[1] + " | " + " | ".join(cells), flush=True)
 

@@ -33,6 +33,22 @@ def copy_bandwidth(flush, reps=30):
     return 2 * src.numel() / bench(lambda: dst.copy_(src), flush, reps)
 
 
+def affine_params(shape, dtype):
+    """Weight in [0.5, 1.5) and a standard-normal bias of `shape` on the GPU (the developer tools' parameters)."""
+    return (torch.rand(shape, device="cuda", dtype=dtype) + 0.5, torch.randn(shape, device="cuda", dtype=dtype))
+
+
+def torch_norm(x, w, b, rms, compiled=False, eps=1e-5):
+    """PyTorch's norm over the last dim of x (F.rms_norm, or F.layer_norm with bias b) as a call with no
+    arguments; compiled: torch.compile of it, from a fresh dynamo cache."""
+    fn = F.rms_norm if rms else F.layer_norm
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn)
+    args = (x, (x.shape[-1],), w, eps) if rms else (x, (x.shape[-1],), w, b, eps)
+    return lambda: fn(*args)
+
+
 def main():
     use_compile = "--no-compile" not in sys.argv
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -57,8 +73,7 @@ def main():
         torch.cuda.empty_cache()
         x = torch.randn(shape, device="cuda", dtype=dt)
         if kind == "ln3":
-            w = torch.rand(shape[1:], device="cuda", dtype=dt) + 0.5
-            b = torch.randn(shape[1:], device="cuda", dtype=dt)
+            w, b = affine_params(shape[1:], dt)
             ours = lambda: fastnorm.layer_norm(x, shape[1:], w, b, 1e-5)
             eager = lambda: F.layer_norm(x, shape[1:], w, b, 1e-5)
             nbytes = 2 * x.numel() * x.element_size() + 2 * w.numel() * w.element_size()
@@ -67,8 +82,7 @@ def main():
             eager = lambda: rms_ref(x)
             nbytes = 2 * x.numel() * x.element_size()
         elif kind == "ln1":
-            w = torch.rand(shape[-1], device="cuda", dtype=dt) + 0.5
-            b = torch.randn(shape[-1], device="cuda", dtype=dt)
+            w, b = affine_params(shape[-1], dt)
             ours = lambda: fastnorm.layer_norm(x, shape[-1:], w, b, 1e-5)
             eager = lambda: F.layer_norm(x, shape[-1:], w, b, 1e-5)
             nbytes = 2 * x.numel() * x.element_size() + 2 * w.numel() * w.element_size()

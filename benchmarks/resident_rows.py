@@ -7,10 +7,9 @@ Usage: python benchmarks/resident_rows.py LABEL [ROWSxN, default 16x4194304]
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from fastnorm.ops import extension
-from quick_timing import bench, copy_bandwidth
+from quick_timing import affine_params, bench, copy_bandwidth, torch_norm
 
 
 def main():
@@ -21,14 +20,12 @@ def main():
     cells = []
     for dt in (torch.float32, torch.bfloat16):
         x = torch.randn(m, n, device="cuda", dtype=dt) + 3
-        w = torch.rand(n, device="cuda", dtype=dt) + 0.5
-        b = torch.randn(n, device="cuda", dtype=dt)
+        w, b = affine_params(n, dt)
         for rms in (False, True):
             def call():
                 return ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, 0, 0)
             xd = x.double()
-            ref = (F.rms_norm(xd, (n,), w.double(), 1e-5) if rms
-                   else F.layer_norm(xd, (n,), w.double(), b.double(), 1e-5))
+            ref = torch_norm(xd, w.double(), b.double(), rms)()
             err = ((call().double() - ref).abs() / ref.abs().clamp(min=1)).max().item()
             del xd, ref
             t = bench(call, flush, reps=50)

@@ -7,10 +7,9 @@ Usage: python benchmarks/row_sweep.py [--quick] [MxN ...]   (default: the bf16 r
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from fastnorm.ops import extension
-from quick_timing import bench, copy_bandwidth  # same folder: on sys.path when run as a script
+from quick_timing import affine_params, bench, copy_bandwidth, torch_norm  # same folder: on sys.path as a script
 
 
 def main():
@@ -24,17 +23,14 @@ def main():
     for dt in (torch.bfloat16, torch.float32):
         for m, n in shapes:
             x = torch.randn(m, n, device="cuda", dtype=dt)
-            w = torch.rand(n, device="cuda", dtype=dt) + 0.5
-            b = torch.randn(n, device="cuda", dtype=dt)
+            w, b = affine_params(n, dt)
             for rms in (False, True):
                 nbytes = 2 * x.numel() * x.element_size() + (1 if rms else 2) * n * w.element_size()
-                ref = F.rms_norm(x, (n,), w, 1e-5) if rms else F.layer_norm(x, (n,), w, b, 1e-5)
+                ref = torch_norm(x, w, b, rms)()
                 cells = []
                 if not quick:
-                    torch._dynamo.reset()
-                    comp = torch.compile(F.rms_norm if rms else F.layer_norm)
-                    cargs = (x, (n,), w, 1e-5) if rms else (x, (n,), w, b, 1e-5)
-                    cells.append(f"compile {100 * nbytes / bench(lambda: comp(*cargs), flush, reps=40) / bw:5.1f}")
+                    comp = torch_norm(x, w, b, rms, compiled=True)
+                    cells.append(f"compile {100 * nbytes / bench(comp, flush, reps=40) / bw:5.1f}")
                 for t in (0,) if quick else (0, 32, 64, 128, 256, 512):
                     call = lambda: ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, t, 0)
                     err = (call().float() - ref.float()).abs().max().item()
