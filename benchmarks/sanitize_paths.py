@@ -16,8 +16,8 @@ for dtype in (torch.float32, torch.bfloat16, torch.float64):
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
         fastnorm.layer_norm(x, shape[-1:], w, w)
         fastnorm.rms_norm(x, shape[-1:], None)
-    # Few rows of 4 MB and more: resident rows (8 MB and more; float32 LayerNorm of 4M elements stages
-    # its next row in L2), streamed rows (under 8 MB, or too long to hold on chip).
+    # Few rows of 4 MB and more: resident rows (4-8 MB in two row groups; 16 MB float32 LayerNorm stages
+    # its next row in L2), streamed rows (too long to hold on chip).
     for rows, n in [(3, (8 << 20) // torch.finfo(dtype).bits * 8 + 16), (3, (4 << 20) // torch.finfo(dtype).bits * 8),
                     (2, 9 << 20), (3, 1 << 22)]:
         big = torch.randn(rows, n, device="cuda", dtype=dtype)

@@ -98,7 +98,7 @@ def test_last_dim(shape, dtype, rms):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(64, 1024), (33, 8192), (5, 100003), (4, 2**20)])
+@pytest.mark.parametrize("shape", [(64, 1024), (33, 8192), (5, 100003), (4, 2**20), (2, 2**22)])
 def test_constant_rows_near_float_max(shape, dtype):
     """Rows of one huge value: the mean must not overflow (a plain sum of 4096 x 3e37 would), so the
     output is exactly the bias."""
@@ -145,10 +145,12 @@ def test_long_rows(n, dtype, rms):
     check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
 
 
-@pytest.mark.parametrize("n,dtype", [(2**20 + 8, torch.float32), (2**21 + 16, torch.bfloat16)])
+@pytest.mark.parametrize("n,dtype", [(2**20 + 8, torch.float32), (2**21 + 16, torch.bfloat16),
+                                     (2**19 + 8, torch.float32), (2**20 + 16, torch.bfloat16)])
 @pytest.mark.parametrize("rms", [False, True])
 def test_many_rows_of_megabytes(n, dtype, rms):
-    """40 rows of 4 MB: the split kernel with cached slices (fewer rows would go to the streamed kernels)."""
+    """40 rows of 4 MB (the resident kernel in two row groups) and of 2 MB (the split kernel with
+    cached slices)."""
     x = make((40, n), dtype, "offset" if dtype == torch.float32 else "rand", seed=n % 83)
     w, b = params((n,), dtype, True, seed=4)
     b = None if rms else b
@@ -156,8 +158,8 @@ def test_many_rows_of_megabytes(n, dtype, rms):
 
 
 RESIDENT_CASES = [  # rows, n, dtype, rms, weighted, kind
-    (3, 2**21, torch.float32, True, True, "randn"),  # 8 MB rows, next-row buffer
-    (5, 2**22 + 64, torch.float32, True, True, "rand"),  # some weight vectors re-read from L2
+    (3, 2**21, torch.float32, True, True, "randn"),  # 8 MB rows (two row groups, as all rows under 8.6 MB)
+    (5, 2**22 + 64, torch.float32, True, True, "rand"),  # next-row buffer, some weight vectors re-read from L2
     (2, 2**21 + 4, torch.float32, True, False, "randn"),
     (1, 2**22, torch.float32, True, True, "offset"),  # one row: no next-row buffer
     (3, 2**22 + 12, torch.float32, False, True, "offset"),  # LayerNorm fp32: parameters partly in L2
@@ -166,14 +168,22 @@ RESIDENT_CASES = [  # rows, n, dtype, rms, weighted, kind
     (2, 2**22, torch.bfloat16, True, True, "randn"),
     (2, 2**22 + 24, torch.float16, False, False, "randn"),
     (2, 2**20 + 2, torch.float64, False, True, "offset"),
+    # Rows of 4-8 MB: two row groups, each on half the SMs (an odd number of rows leaves one group a
+    # row short).
+    (5, 2**20 + 4, torch.float32, False, True, "outlier"),  # next-row buffer and the row after in L2
+    (3, 2**21 + 4, torch.float32, False, True, "offset"),  # 8 MB: next rows in L2, no buffer
+    (2, 2**20, torch.float32, True, True, "rand"),  # one row a group: nothing staged
+    (6, 2**21 + 8, torch.bfloat16, False, True, "rand"),
+    (3, 2**19 + 2, torch.float64, True, True, "randn"),
 ]
 
 
 @pytest.mark.parametrize("rows,n,dtype,rms,weighted,kind", RESIDENT_CASES)
 def test_resident_rows(rows, n, dtype, rms, weighted, kind):
-    """A few rows of 8-17 MB: each row held on chip across the SMs (resident kernel), for both norms and
-    every dtype: next-row buffer, parameters re-read from L2, one row, a first element far from the
-    mean (the statistics are moments about it); rows of a view (row stride n + 64, 256 bytes in)."""
+    """A few rows of 4-17 MB: each row held on chip across the SMs, or half of them (resident kernel),
+    for both norms and every dtype: next-row buffer, parameters re-read from L2, one row, a first
+    element far from the mean (the statistics are moments about it); rows of a view (row stride
+    n + 64, 256 bytes in)."""
     base = make((rows, n + 64), dtype, "randn" if kind == "outlier" else kind, seed=n % 89)
     if kind == "outlier":
         base[:, 64] = 1e4
@@ -259,7 +269,7 @@ def test_forced_configs(threads, blocks):
 def test_empty_and_cuda_graph():
     empty = torch.empty(0, 8, device=DEV)
     assert fastnorm.layer_norm(empty, (8,)).shape == (0, 8)
-    x = make((16, 1 << 20), torch.float32, "randn", seed=2)  # split-row kernel (cooperative launch)
+    x = make((16, 1 << 20), torch.float32, "randn", seed=2)  # resident kernel, two row groups (cooperative launch)
     w, b = params((1 << 20,), torch.float32, True, seed=2)
     static_out = fastnorm.layer_norm(x, (1 << 20,), w, b)
     graph = torch.cuda.CUDAGraph()

@@ -16,10 +16,11 @@
 //                          many to be resident.
 //  * stream_*_kernel       inner == 1, a few rows of megabytes: partial statistics, per-row totals,
 //                          then column-owned blocks that read weight and bias once for all rows.
-//  * resident_row_norm_kernel inner == 1, a few rows of 8-17 MB: one block per SM, the whole row on
-//                          chip (x in registers, parameters in shared memory), rows one after another
+//  * resident_row_norm_kernel inner == 1, rows of 4-17 MB: one block per SM, the whole row on chip
+//                          (x in registers, parameters in shared memory), rows one after another
 //                          behind a grid barrier, the next rows staged (TMA, into shared memory or L2)
-//                          meanwhile: x read once.
+//                          meanwhile: x read once. Rows of 4-8 MB go to two groups of half the SMs,
+//                          which take alternate rows; rows of 8 MB up only in few-row calls.
 //  * strided_tile_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
 //  / strided_norm_kernel   16-byte accesses, threads along the reduced axis; the tile in shared memory,
 //                          or in registers (read twice) when it is too large.
@@ -946,8 +947,11 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes
 // With a buffer, the row after the next one can go to L2 as well, so that the buffer's copies come
 // from there: rows of 8 MB gain (bf16 16x4194304 LN 158 -> 148 us, fp32 32x2097152 LN 278 -> 256),
 // rows of 16 MB lose (fp32 RMS 16x4194304: 220 -> 235 us: L2 does not keep two rows).
-// Grid thread g (= block * blockDim + thread) holds vectors g, g + G, ... (G threads in all): the
-// block's k-th vectors are one contiguous run of blockDim vectors.
+// With kGroups = 2 the blocks form two groups that take alternate rows, each behind its own barrier:
+// a group's blocks hold twice the vectors a thread (for rows of 4-8 MB, whose critical path per row
+// would otherwise cost as much as their traffic), and two rows are in flight.
+// Thread t of the group's block b holds vectors g, g + G, ... of the row (g = b * blockDim + t, G
+// the group's threads): the block's k-th vectors are one contiguous run of blockDim vectors.
 // Statistics are plain sums of moments about the row's first element (shift), in double: the grid
 // total is one sum of the blocks' parts, the variance S2 / n - (S1 / n)^2. Since the shift is one
 // of the row's values, (mean - shift)^2 <= n var, so the cancellation costs at most a factor n of
@@ -963,8 +967,10 @@ struct RowMoments {
 // prefetches): the next one when there is no buffer, else the one after it.
 constexpr int kStageShared = 1, kStageL2 = 2;
 constexpr int kResidentThreads = 1024;  // at least the number of SMs: thread j gathers block j's partial
+// Row groups of the resident kernel, at most; their arrival counters lie 128 bytes apart.
+constexpr int kMaxResidentGroups = 2, kArrivalStride = 32;
 
-template <typename T, typename W, int VEC, int K>
+template <typename T, typename W, int VEC, int K, int kGroups>
 __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(RowArgs<T, W> a, int smem_slots,
                                                                                 int prefetch, SplitWorkspace ws) {
   using A = typename AccOf<T>::type;
@@ -983,11 +989,13 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
   P* slots = reinterpret_cast<P*>(dyn_smem);  // slot j of this thread: slots[j * threads + tid]
   V* next = reinterpret_cast<V*>(slots + smem_slots * threads);  // next row: next[k * threads + tid]
   const bool rms = a.rms, has_w = a.w != nullptr, has_b = a.b != nullptr;
-  const int nvec = int(a.n / VEC);  // at most 8 vectors per thread of the grid
-  const int step = int(gridDim.x) * threads, first = int(blockIdx.x) * threads + tid;
+  const int nvec = int(a.n / VEC);  // at most 8 vectors per thread of the group
+  // Block b is block b / kGroups of group b % kGroups; group j takes rows j, j + kGroups, ...
+  const int group = int(blockIdx.x) % kGroups, gblock = int(blockIdx.x) / kGroups, gblocks = int(gridDim.x) / kGroups;
+  const int step = gblocks * threads, first = gblock * threads + tid;
   // Vectors in the block's k-th run, and in all its runs.
   auto run = [&](int k) {
-    const int left = nvec - (k * step + int(blockIdx.x) * threads);
+    const int left = nvec - (k * step + gblock * threads);
     return left < 0 ? 0 : left < threads ? left : threads;
   };
   int block_vecs = 0;
@@ -1002,13 +1010,13 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
   // Stages the next rows while row `row` waits at its barrier (see kStage*); thread 0 issues the
   // bulk copies and prefetches.
   auto stage_next = [&](int64_t row) {
-    if (row + 1 >= a.rows) return;
-    const T* nx = a.x + (row + 1) * a.x_stride;
+    if (row + kGroups >= a.rows) return;
+    const T* nx = a.x + (row + kGroups) * a.x_stride;
     if (prefetch & kStageShared) {
       if (!rms && tid == 0) cp_async<kShiftBytes>(shift_src, nx);
 #ifdef FASTNORM_BULK
       if (tid == 0) {
-        const V* nxv = reinterpret_cast<const V*>(nx) + int(blockIdx.x) * threads;
+        const V* nxv = reinterpret_cast<const V*>(nx) + gblock * threads;
         mbarrier_expect_bytes(&staged_bar, unsigned(block_vecs) * unsigned(sizeof(V)));
 #pragma unroll
         for (int k = 0; k < K; ++k) {
@@ -1024,9 +1032,9 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
 #endif
     }
 #ifdef FASTNORM_BULK
-    const int64_t l2_row = row + ((prefetch & kStageShared) ? 2 : 1);
+    const int64_t l2_row = row + ((prefetch & kStageShared) ? 2 : 1) * kGroups;
     if ((prefetch & kStageL2) && tid == 0 && l2_row < a.rows) {
-      const V* lv = reinterpret_cast<const V*>(a.x + l2_row * a.x_stride) + int(blockIdx.x) * threads;
+      const V* lv = reinterpret_cast<const V*>(a.x + l2_row * a.x_stride) + gblock * threads;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (run(k) > 0) bulk_prefetch_l2(lv + k * step, unsigned(run(k)) * unsigned(sizeof(V)));
@@ -1034,13 +1042,14 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
     }
 #endif
   };
-  auto* partials = reinterpret_cast<RowMoments*>(ws.partials);
-  for (int64_t row = 0; row < a.rows; ++row) {
+  const int iters = int((a.rows - group + kGroups - 1) / kGroups);  // the group's rows
+  for (int iter = 0; iter < iters; ++iter) {
+    const int64_t row = group + int64_t(iter) * kGroups;
     const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
     V r[K];
     // LayerNorm's shift (the row's first element) comes through shared memory: one read per block,
     // where a read by every warp of the grid would queue on one L2 slice like the partials below.
-    const bool staged = (prefetch & kStageShared) && row > 0;  // this row's vectors and shift are already copied
+    const bool staged = (prefetch & kStageShared) && iter > 0;  // this row's vectors and shift are already copied
     if (!staged) {
       if (!rms && tid == 0) cp_async<kShiftBytes>(shift_src, a.x + row * a.x_stride);
 #pragma unroll
@@ -1053,7 +1062,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
     if (!rms) __syncthreads();
     if (staged) {
 #ifdef FASTNORM_BULK
-      mbarrier_wait(&staged_bar, unsigned(row - 1) & 1u);
+      mbarrier_wait(&staged_bar, unsigned(iter - 1) & 1u);
 #endif
 #pragma unroll
       for (int k = 0; k < K; ++k) {
@@ -1064,9 +1073,10 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
     // The block's part, as moments about the shift: RMSNorm the sum of squares (float); LayerNorm
     // each thread's exact (count, mean, M2) over its registers, turned into the sums of x - shift
     // and (x - shift)^2 in double, one block reduction. Invalid vectors of r are never read.
-    // Partials are double-buffered by row parity: a block rewrites this row's buffer two rows
-    // later, after the next barrier, which no block passes before all have read this one.
-    RowMoments* row_parts = partials + (row & 1) * gridDim.x;
+    // Partials are double-buffered by the parity of the group's rows: a block rewrites this row's
+    // buffer two of its rows later, after the next barrier, which no block of the group passes
+    // before all have read this one.
+    RowMoments* row_parts = reinterpret_cast<RowMoments*>(ws.partials) + (2 * group + (iter & 1)) * gblocks;
     if (rms) {
       A total[1] = {A(0)};
       A vals[VEC];
@@ -1078,7 +1088,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
         for (int e = 0; e < VEC; ++e) total[0] = fma(vals[e], vals[e], total[0]);
       }
       group_sums(total, threads, sums);
-      if (tid == 0) row_parts[blockIdx.x] = RowMoments{0.0, double(total[0])};
+      if (tid == 0) row_parts[gblock] = RowMoments{0.0, double(total[0])};
     } else {
       A vals[VEC], sum = A(0), m2 = A(0);
       int count = 0;
@@ -1088,9 +1098,9 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
         widen(r[k].v, vals);
         ++count;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) sum += vals[e];
+        for (int e = 0; e < VEC; ++e) sum += vals[e] - shift;  // about the shift: 32 x 3e37 would overflow
       }
-      const A mean = count > 0 ? sum / A(count * VEC) : A(0);
+      const A mean = shift + (count > 0 ? sum / A(count * VEC) : A(0));
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (first + k * step >= nvec) continue;
@@ -1101,26 +1111,26 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
       const double tn = double(count * VEC), d = double(mean) - double(shift);
       double moments[2] = {tn * d, double(m2) + tn * d * d};
       group_sums(moments, threads, dsums[0]);
-      if (tid == 0) row_parts[blockIdx.x] = RowMoments{moments[0], moments[1]};
+      if (tid == 0) row_parts[gblock] = RowMoments{moments[0], moments[1]};
     }
-    // Grid barrier.
+    // The group's barrier.
     if (tid == 0) {
       __threadfence();
-      atomicAdd(ws.arrivals, 1u);
+      atomicAdd(ws.arrivals + group * kArrivalStride, 1u);
     }
     // The next row's copies start after the arrival (a fence issued after them would wait for them),
     // once every thread has read the staged row and the shift (group_sums synchronized).
     stage_next(row);
     if (tid == 0) {
-      const unsigned int target = gridDim.x * unsigned(row + 1);
-      while (load_acquire(ws.arrivals) < target) __nanosleep(20);
+      const unsigned int target = unsigned(gblocks) * unsigned(iter + 1);
+      while (load_acquire(ws.arrivals + group * kArrivalStride) < target) __nanosleep(20);
     }
     __syncthreads();
-    // Thread j < gridDim loads block j's partial: a few requests per block (every warp of the grid
+    // Thread j < gblocks loads block j's partial: a few requests per block (every warp of the grid
     // reading all partials queues on one L2 slice: 25-30 us a row), all in flight at once. The
     // moments about the shift: sum of n (mean - shift), sum of M2 + n (mean - shift)^2.
     double moments[2] = {0.0, 0.0};
-    if (tid < int(gridDim.x)) moments[0] = __ldcg(&row_parts[tid].sum), moments[1] = __ldcg(&row_parts[tid].sum_sq);
+    if (tid < gblocks) moments[0] = __ldcg(&row_parts[tid].sum), moments[1] = __ldcg(&row_parts[tid].sum_sq);
     group_sums(moments, threads, dsums[1]);
     const double inv_n = __drcp_rn(double(a.n));  // (a double division here spilled registers at K = 8)
     const double mean_rel = moments[0] * inv_n, mean_sq = moments[1] * inv_n;
@@ -1613,12 +1623,14 @@ static int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
 
 constexpr int64_t kStreamRowBytes = 4 << 20;  // rows from 4 MB up, fewer than the SMs: resident or streamed
 constexpr int64_t kStreamChunkVec = 4096;    // vectors per partial-statistics block
-constexpr int64_t kResidentRowBytes = 8 << 20;  // the resident kernel's rows, at least (see resident_plan)
+constexpr int64_t kResidentRowBytes = 8 << 20;  // the resident kernel's rows in one group, at least
 // Rows too short for the resident kernel, at least this many: the split kernel instead (H100, same
 // process: fp32 64x1048576 LN 60 -> 63% of copy, RMS 61 -> 75; 100x1048576 62 -> 66, 63 -> 75.5;
 // bf16 32x2097152 56 -> 58.5, 58.5 -> 68). With 1-8 rows the streamed kernels, which spread a row
 // over the whole chip, stay ahead (fp32 4x1800000 LN 47 against 30%).
 constexpr int64_t kSplitRows = 32;
+// Rows of a call, at least, for two groups of the resident kernel (see resident_groups).
+constexpr int64_t kGroupedRows = 2;
 
 // Few long rows: the resident kernel where it takes them, else the three streamed kernels.
 static bool streamed_rows(const NormParams& p, int sms) {
@@ -1627,9 +1639,10 @@ static bool streamed_rows(const NormParams& p, int sms) {
          !(p.outer >= kSplitRows && row_bytes < kResidentRowBytes);
 }
 
-// Workspace of the resident kernel: the arrival counter (16 bytes), then the partial moments of
-// every block, double-buffered.
-static int64_t grid_rows_workspace(int sms) { return 16 + 2 * int64_t(sms) * int64_t(sizeof(RowMoments)); }
+// Workspace of the resident kernel: an arrival counter per row group (kResidentHeader bytes), then
+// the partial moments of every block, double-buffered.
+constexpr int64_t kResidentHeader = int64_t(kMaxResidentGroups) * kArrivalStride * 4;
+static int64_t grid_rows_workspace(int sms) { return kResidentHeader + 2 * int64_t(sms) * int64_t(sizeof(RowMoments)); }
 
 // Workspace of the streamed path: partial statistics [rows][chunks], then per-row Affine.
 static int64_t stream_chunks(const NormParams& p, int vec) { return (p.n / vec + kStreamChunkVec - 1) / kStreamChunkVec; }
@@ -1858,16 +1871,17 @@ static int blocks_per_sm(const void* kernel, int threads, size_t smem) {
 }
 
 // Resident rows: vectors per thread (1..8; 0 when the call does not suit the kernel), parameter
-// slots in shared memory, and how the next row is staged (kStage*). A next-row buffer takes room
-// from the parameters; it is kept when the parameters this pushes out (re-read from L2 every row)
-// stay within kResidentL2Params, else the next row is prefetched into L2 (Hopper's bulk prefetch);
-// with a buffer, rows of up to kResidentL2AheadBytes also have the row after next prefetched.
-// Measured on H100 (benchmarks/NOTES.md "resident2"), the kernel beats the streamed one from rows of
-// 8 MB on (16x4194304 fp32: LN 307 -> 290 us, RMS 251 -> 219; bf16 166 -> 157, 156 -> 134), and
-// loses on 4 MB rows (fp32 64x1048576: 300 -> 372 us): each row's statistics, block reductions and
-// grid barrier sit on one critical path, a fixed cost per row that long rows amortize.
+// slots in shared memory, how the next row is staged (kStage*), and row groups. A next-row buffer
+// takes room from the parameters; it is kept when the parameters this pushes out (re-read from L2
+// every row) stay within kResidentL2Params, else the next row is prefetched into L2 (Hopper's bulk
+// prefetch); with a buffer, rows of up to kResidentL2AheadBytes (counting both groups' rows) also
+// have the row after next prefetched. Measured on H100 (benchmarks/NOTES.md "resident2"), the
+// kernel in one group beats the streamed one from rows of 8 MB on (16x4194304 fp32: LN 307 -> 290
+// us, RMS 251 -> 219; bf16 166 -> 157, 156 -> 134), and loses on 4 MB rows (fp32 64x1048576: 300
+// -> 372 us): each row's statistics, block reductions and grid barrier sit on one critical path, a
+// fixed cost per row that long rows amortize, and which two groups overlap (resident_groups).
 struct ResidentPlan {
-  int k, smem_slots, prefetch;
+  int k, smem_slots, prefetch, groups;
   size_t smem;
 };
 constexpr int64_t kResidentL2Params = 8 << 20;
@@ -1875,62 +1889,90 @@ constexpr int64_t kResidentL2AheadBytes = 12 << 20;
 
 // Vectors of x a thread holds, at most: 8 (32 registers) for 4-byte types; 2-byte types (which
 // widen 8 elements a vector) and float64 spill at 8 under the 64-register cap.
-template <typename T>
-constexpr int kResidentMaxK = sizeof(T) == 4 ? 8 : 4;
+constexpr int resident_max_k(int elem_bytes) { return elem_bytes == 4 ? 8 : 4; }
+
+// Row groups of the resident kernel for a last-dim call (0: the kernel does not take it): two groups
+// of half the SMs for rows of 4 MB up that fit them, in any call of 2+ rows; one group for rows of
+// 8 MB up in a few-row call (streamed_rows). Two groups against what took these rows before (H100,
+// benchmarks/results/h100-row-groups.txt, % of copy LN / RMS): fp32 64x1048576 split slices 62.5 /
+// 74 -> 75 / 81; 160x2097152 split 39 / 55 -> 77 / 90; 16x1048576 streamed 51 / 54 -> 67 / 74;
+// 32x2097152 one group 73 / 80 -> 75 / 86.5; bf16 32x2097152 split 57.5 / 67 -> 66 / 74-79. Rows of
+// 2 MB (2 vectors a thread in two groups) measured slower than the split kernel (fp32 128x524288 LN
+// 80 -> 57%, bf16 64x1048576 71 -> 48).
+static int resident_groups(const NormParams& p, const Device& dev, int vec) {
+  if (!dev.coop || dev.sms > kResidentThreads || vec == 1 || p.blocks_per_row > 0) return 0;
+  const int64_t row_bytes = p.n * elem_size(p.dtype);
+  const int64_t half = int64_t(dev.sms / 2) * kResidentThreads * resident_max_k(elem_size(p.dtype)) * vec;
+  if (row_bytes >= kStreamRowBytes && p.outer >= kGroupedRows && p.n <= half) return 2;
+  const int64_t whole = int64_t(dev.sms) * kResidentThreads * resident_max_k(elem_size(p.dtype)) * vec;
+  return streamed_rows(p, dev.sms) && row_bytes >= kResidentRowBytes && p.n <= whole ? 1 : 0;
+}
+
+// The kernel for K vectors a thread and G groups; two groups hold rows of 4 MB up, at least 4
+// vectors a thread, so only those are built.
+template <typename T, typename W, int VEC, int G>
+static const void* resident_kernel_of(int k) {
+  if (k == 8) {
+    if constexpr (resident_max_k(sizeof(T)) >= 8) return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 8, G>);
+    return nullptr;
+  }
+  if (k == 4) return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 4, G>);
+  if constexpr (G == 1) {
+    if (k == 2) return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 2, G>);
+    if (k == 1) return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 1, G>);
+  }
+  return nullptr;
+}
 
 template <typename T, typename W, int VEC>
-static const void* resident_kernel(int k) {
-  switch (k) {
-    case 1: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 1>);
-    case 2: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 2>);
-    case 4: return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 4>);
-    default:
-      if constexpr (kResidentMaxK<T> >= 8) return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 8>);
-      return nullptr;
-  }
+static const void* resident_kernel(int k, int groups) {
+  return groups == 2 ? resident_kernel_of<T, W, VEC, 2>(k) : resident_kernel_of<T, W, VEC, 1>(k);
 }
 
 template <typename T, typename W, int VEC>
 static ResidentPlan resident_plan(const NormParams& p, const Device& dev) {
-  const ResidentPlan none{0, 0, 0, 0};
-  if (!dev.coop || dev.sms > kResidentThreads || !streamed_rows(p, dev.sms)) return none;
-  if (p.n * elem_size(p.dtype) < kResidentRowBytes) return none;
-  const int64_t threads = int64_t(dev.sms) * kResidentThreads;
-  const int64_t need = (p.n / VEC + threads - 1) / threads;
-  if (need > kResidentMaxK<T>) return none;
-  const int k = pow2_at_least(need);
+  const ResidentPlan none{0, 0, 0, 0, 0};
+  const int groups = resident_groups(p, dev, VEC);
+  if (groups == 0) return none;
+  const int64_t threads = int64_t(dev.sms / groups) * kResidentThreads;
+  const int k = pow2_at_least((p.n / VEC + threads - 1) / threads);
   const int64_t slot_bytes = int64_t(kResidentThreads) * int64_t(sizeof(ParamVec<W, VEC>));
   const int64_t buffer_bytes = int64_t(k) * kResidentThreads * int64_t(sizeof(Vec<T, VEC>));
   const int64_t budget = int64_t(dev.smem_optin) - (2 << 10);  // room for the kernel's static arrays
   const int64_t wanted = int64_t(k) * ((p.weight ? 1 : 0) + (p.bias ? 1 : 0));
   auto slots_within = [&](int64_t bytes) { return bytes > 0 ? std::min(wanted, bytes / slot_bytes) : int64_t(0); };
-  const int64_t spilled = (wanted - slots_within(budget - buffer_bytes)) * slot_bytes * dev.sms;
-  const bool buffer = p.outer > 1 && budget >= buffer_bytes && spilled <= kResidentL2Params;
-  const bool l2 = dev.major >= 9 && p.outer > 1 && (!buffer || p.n * elem_size(p.dtype) <= kResidentL2AheadBytes);
+  const int64_t spilled = (wanted - slots_within(budget - buffer_bytes)) * slot_bytes * (dev.sms / groups);
+  // Two groups stage two rows at once: with 8 MB rows, the next rows in L2 and no buffer (fp32
+  // 32x2097152 RMS 82 -> 87%, against a buffer and the rows after them in L2).
+  const bool l2_ahead = p.n * elem_size(p.dtype) * groups <= kResidentL2AheadBytes;
+  const bool buffer = p.outer > groups && budget >= buffer_bytes && spilled <= kResidentL2Params && (groups == 1 || l2_ahead);
+  const bool l2 = dev.major >= 9 && p.outer > groups && (!buffer || l2_ahead);
   const int prefetch = (buffer ? kStageShared : 0) | (l2 ? kStageL2 : 0);
   const int64_t slots = slots_within(buffer ? budget - buffer_bytes : budget);
   const size_t smem = size_t(slots * slot_bytes + (buffer ? buffer_bytes : 0));
-  const void* kernel = resident_kernel<T, W, VEC>(k);
-  static bool smem_allowed[4] = {false, false, false, false};
-  const int which = k == 1 ? 0 : k == 2 ? 1 : k == 4 ? 2 : 3;
+  const void* kernel = resident_kernel<T, W, VEC>(k, groups);
+  if (kernel == nullptr) return none;
+  static bool smem_allowed[8] = {false, false, false, false, false, false, false, false};
+  const int which = (k == 1 ? 0 : k == 2 ? 1 : k == 4 ? 2 : 3) + 4 * (groups - 1);
   if (!smem_allowed[which]) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(budget));
     smem_allowed[which] = true;
   }
   if (blocks_per_sm(kernel, kResidentThreads, smem) < 1) return none;
-  return ResidentPlan{k, int(slots), prefetch, smem};
+  return ResidentPlan{k, int(slots), prefetch, groups, smem};
 }
 
 template <typename T, typename W, int VEC>
 static const char* launch_resident(const NormParams& p, const ResidentPlan& plan, cudaStream_t stream) {
   const Device dev = device_info();
   if (p.workspace == nullptr || p.workspace_bytes < grid_rows_workspace(dev.sms)) return "resident-rows workspace missing or too small";
-  SplitWorkspace ws{static_cast<unsigned int*>(p.workspace), static_cast<unsigned char*>(p.workspace) + 16};
+  SplitWorkspace ws{static_cast<unsigned int*>(p.workspace), static_cast<unsigned char*>(p.workspace) + kResidentHeader};
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, kResidentThreads, p.rms};
   int slots = plan.smem_slots, prefetch = plan.prefetch;
   void* args[] = {&a, &slots, &prefetch, &ws};
-  const cudaError_t err = cudaLaunchCooperativeKernel(resident_kernel<T, W, VEC>(plan.k), dim3(unsigned(dev.sms)),
+  const unsigned grid = unsigned(dev.sms / plan.groups * plan.groups);
+  const cudaError_t err = cudaLaunchCooperativeKernel(resident_kernel<T, W, VEC>(plan.k, plan.groups), dim3(grid),
                                                       dim3(kResidentThreads), args, plan.smem, stream);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
@@ -2063,16 +2105,18 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
   using namespace fastnorm;
   if (p.inner != 1 || p.outer == 0 || p.n == 0) return 0;
   const Device dev = device_info();
-  if (streamed_rows(p, dev.sms)) {  // enough for the streamed and the resident kernels
+  // The resident kernel's, and enough for the kernels taking the call if it does not launch.
+  const int64_t resident = resident_groups(p, dev, row_vec(p)) > 0 ? grid_rows_workspace(dev.sms) : 0;
+  if (streamed_rows(p, dev.sms)) {
     const int64_t streamed = p.outer * stream_chunks(p, row_vec(p)) * int64_t(sizeof(Stats<double>)) +
                              p.outer * int64_t(sizeof(Affine<double>));
-    return std::max(streamed, grid_rows_workspace(dev.sms));
+    return std::max(streamed, resident);
   }
-  if (!dev.coop || wanted_blocks_per_row(p, dev.sms) <= 1 || cluster_plan(p, dev, row_vec(p)) > 0) return 0;
+  if (!dev.coop || wanted_blocks_per_row(p, dev.sms) <= 1 || cluster_plan(p, dev, row_vec(p)) > 0) return resident;
   // Bound for any split plan: every resident block may own a slot (a 16-byte counter) and writes
   // two partial statistics (double-buffered).
   const int64_t max_blocks = int64_t(dev.sms) * (2048 / split_threads(p) + 1);
-  return max_blocks * 16 + 2 * max_blocks * int64_t(sizeof(Stats<double>));
+  return std::max(resident, max_blocks * 16 + 2 * max_blocks * int64_t(sizeof(Stats<double>)));
 }
 
 const char* fastnorm_cuda_forward(const NormParams& p, void* stream_ptr) {
