@@ -4,6 +4,7 @@
 Usage: python benchmarks/profile_cases.py CASE[:dtype[:op[:impl]]] ...
   dtype: fp32 or bf16 (default fp32); op: ln or rms (default ln); impl: fastnorm or compile (default
   fastnorm; torch.compile of the eager op, to profile the Triton kernel it generates).
+  rms_seed is the channel RMSNorm seed (over dim 1, no weight; op ignored).
 """
 import sys
 
@@ -19,6 +20,8 @@ cases = {
     "ln_4096x16384": ((4096, 16384), (16384,)),
     "ln_65536x1024": ((65536, 1024), (1024,)),
     "ln_1024x65536": ((1024, 65536), (65536,)),
+    "ln_256x262144": ((256, 262144), (262144,)),
+    "rms_seed": ((112, 64, 512, 512), None),  # channel axis
     "ln_1x4096": ((1, 4096), (4096,)),  # latency rows
     "ln_32x4096": ((32, 4096), (4096,)),
 }
@@ -27,9 +30,15 @@ for arg in sys.argv[1:]:
     dtype = torch.bfloat16 if dt == "bf16" else torch.float32
     shape, nshape = cases[name]
     x = torch.randn(shape, device="cuda", dtype=dtype)
-    w = torch.rand(nshape, device="cuda", dtype=dtype) + 0.5
-    b = torch.randn(nshape, device="cuda", dtype=dtype)
-    if op == "rms":
+    w = torch.rand(nshape or 1, device="cuda", dtype=dtype) + 0.5
+    b = torch.randn(nshape or 1, device="cuda", dtype=dtype)
+    if nshape is None:
+        def channel_rms(x):
+            xf = x.float()
+            return (xf / torch.sqrt(torch.mean(xf ** 2, dim=1, keepdim=True) + 1e-5)).to(x.dtype)
+        fn = torch.compile(channel_rms) if impl == "compile" else lambda x: fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
+        call = lambda: fn(x)
+    elif op == "rms":
         fn = fastnorm.rms_norm if impl != "compile" else torch.compile(F.rms_norm)
         call = lambda: fn(x, nshape, w, 1e-5)
     else:
