@@ -201,6 +201,19 @@ def test_resident_rows(rows, n, dtype, rms, weighted, kind):
         check(out, reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
 
 
+@pytest.mark.parametrize("rms", [False, True])
+def test_more_resident_rows_than_sms(rms):
+    """136 rows of 8 MB (bf16), more rows than an H100 has SMs: the resident kernel in one group, each
+    block through 136 rows and barriers; the first and the last rows checked."""
+    n = 2**22
+    x = make((136, n), torch.bfloat16, "rand", seed=13)
+    w, b = params((n,), torch.bfloat16, True, seed=6)
+    b = None if rms else b
+    out = run_op(x, 1, 2, w, b, 1e-5, rms)
+    for rows in (slice(0, 2), slice(-2, None)):
+        check(out[rows], reference(x[rows], 1, 2, w, b, 1e-5, rms), torch.bfloat16, x[rows])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 64, 32, 32), (2, 1, 8, 8), (3, 100, 3, 5), (2, 300, 16, 16),

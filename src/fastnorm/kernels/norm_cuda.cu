@@ -20,7 +20,7 @@
 //                          (x in registers, parameters in shared memory), rows one after another
 //                          behind a grid barrier, the next rows staged (TMA, into shared memory or L2)
 //                          meanwhile: x read once. Rows of 4-8 MB go to two groups of half the SMs,
-//                          which take alternate rows; rows of 8 MB up only in few-row calls.
+//                          which take alternate rows.
 //  * strided_tile_kernel   inner > 1 (e.g. NCHW channels): lanes along the contiguous inner axis with
 //  / strided_norm_kernel   16-byte accesses, threads along the reduced axis; the tile in shared memory,
 //                          or in registers (read twice) when it is too large.
@@ -934,7 +934,7 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes
 }
 #endif
 
-// Resident rows, for a few rows of megabytes: one cooperative wave of blocks (one per SM) holds a
+// Resident rows, rows of megabytes: one cooperative wave of blocks (one per SM) holds a
 // whole row on chip, K vectors of x per thread in registers, and keeps weight and bias in shared
 // memory, copied once for all rows (the vectors that do not fit come from L2 every row). Rows go
 // one after the other: the blocks' partial statistics meet behind a grid-wide barrier, then every
@@ -1892,8 +1892,12 @@ constexpr int64_t kResidentL2AheadBytes = 12 << 20;
 constexpr int resident_max_k(int elem_bytes) { return elem_bytes == 4 ? 8 : 4; }
 
 // Row groups of the resident kernel for a last-dim call (0: the kernel does not take it): two groups
-// of half the SMs for rows of 4 MB up that fit them, in any call of 2+ rows; one group for rows of
-// 8 MB up in a few-row call (streamed_rows). Two groups against what took these rows before (H100,
+// of half the SMs for rows of 4 MB up that fit them, in any call of 2+ rows; one group for longer
+// rows of 8 MB up that fit the chip, however many (calls of as many rows as SMs went to the split
+// kernel: fp32 200x4194304 LN 19 -> 74% of copy, RMS 30 -> 88; 140x3000000 34 -> 70, 47 -> 89;
+// bf16 200x4194304 39.5 -> 66, 57 -> 78; H100, same process). One group for 2-byte rows of 5-8 MB
+// measured mixed (bf16 16x3000000 RMS 54 -> 63.6, 64x2500000 67 -> 59.5): they stay on the split
+// and streamed kernels. Two groups against what took these rows before (H100,
 // benchmarks/results/h100-row-groups.txt, % of copy LN / RMS): fp32 64x1048576 split slices 62.5 /
 // 74 -> 75 / 81; 160x2097152 split 39 / 55 -> 77 / 90; 16x1048576 streamed 51 / 54 -> 67 / 74;
 // 32x2097152 one group 73 / 80 -> 75 / 86.5; bf16 32x2097152 split 57.5 / 67 -> 66 / 74-79. Rows of
@@ -1905,7 +1909,7 @@ static int resident_groups(const NormParams& p, const Device& dev, int vec) {
   const int64_t half = int64_t(dev.sms / 2) * kResidentThreads * resident_max_k(elem_size(p.dtype)) * vec;
   if (row_bytes >= kStreamRowBytes && p.outer >= kGroupedRows && p.n <= half) return 2;
   const int64_t whole = int64_t(dev.sms) * kResidentThreads * resident_max_k(elem_size(p.dtype)) * vec;
-  return streamed_rows(p, dev.sms) && row_bytes >= kResidentRowBytes && p.n <= whole ? 1 : 0;
+  return row_bytes >= kResidentRowBytes && p.n <= whole ? 1 : 0;
 }
 
 // The kernel for K vectors a thread and G groups; two groups hold rows of 4 MB up, at least 4
