@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fastnorm
+from quick_timing import affine_params, channel_rms_ref  # same folder: on sys.path when run as a script
 
 cases = {
     "ln_seed": ((16, 64, 256, 256), (64, 256, 256)),
@@ -30,13 +31,9 @@ for arg in sys.argv[1:]:
     dtype = torch.bfloat16 if dt == "bf16" else torch.float32
     shape, nshape = cases[name]
     x = torch.randn(shape, device="cuda", dtype=dtype)
-    w = torch.rand(nshape or 1, device="cuda", dtype=dtype) + 0.5
-    b = torch.randn(nshape or 1, device="cuda", dtype=dtype)
+    w, b = affine_params(nshape, dtype) if nshape else (None, None)
     if nshape is None:
-        def channel_rms(x):
-            xf = x.float()
-            return (xf / torch.sqrt(torch.mean(xf ** 2, dim=1, keepdim=True) + 1e-5)).to(x.dtype)
-        fn = torch.compile(channel_rms) if impl == "compile" else lambda x: fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
+        fn = torch.compile(channel_rms_ref) if impl == "compile" else lambda x: fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
         call = lambda: fn(x)
     elif op == "rms":
         fn = fastnorm.rms_norm if impl != "compile" else torch.compile(F.rms_norm)

@@ -1906,10 +1906,9 @@ constexpr int resident_max_k(int elem_bytes) { return elem_bytes == 4 ? 8 : 4; }
 static int resident_groups(const NormParams& p, const Device& dev, int vec) {
   if (!dev.coop || dev.sms > kResidentThreads || vec == 1 || p.blocks_per_row > 0) return 0;
   const int64_t row_bytes = p.n * elem_size(p.dtype);
-  const int64_t half = int64_t(dev.sms / 2) * kResidentThreads * resident_max_k(elem_size(p.dtype)) * vec;
-  if (row_bytes >= kStreamRowBytes && p.outer >= kGroupedRows && p.n <= half) return 2;
-  const int64_t whole = int64_t(dev.sms) * kResidentThreads * resident_max_k(elem_size(p.dtype)) * vec;
-  return row_bytes >= kResidentRowBytes && p.n <= whole ? 1 : 0;
+  const int64_t per_sm = int64_t(kResidentThreads) * resident_max_k(elem_size(p.dtype)) * vec;  // elements an SM holds
+  if (row_bytes >= kStreamRowBytes && p.outer >= kGroupedRows && p.n <= (dev.sms / 2) * per_sm) return 2;
+  return row_bytes >= kResidentRowBytes && p.n <= dev.sms * per_sm ? 1 : 0;
 }
 
 // The kernel for K vectors a thread and G groups; two groups hold rows of 4 MB up, at least 4
