@@ -38,13 +38,21 @@ def _wide(t):
     return None if t is None else t.double()
 
 
+def _layer_norm64(t, shape, weight, bias, eps):
+    """F.layer_norm of float64 `t` over its trailing `shape`, t first centered on its own mean. Layer
+    norm is shift-invariant, and F.layer_norm subtracts a rounded mean, which costs ulps of max |x|:
+    up to 3e-11 off the exact result on 3 values at x + 1000 (3000 seeds), where fastnorm's float64
+    CPU path is within 6e-16. Centered, the reference is as exact."""
+    dims = tuple(range(t.dim() - len(shape), t.dim()))
+    return F.layer_norm(t - t.mean(dims, keepdim=True), tuple(shape), _wide(weight), _wide(bias), eps)
+
+
 def reference_layer_norm(x, normalized_shape=None, weight=None, bias=None, eps=1e-5, dim=None):
     """PyTorch's layer_norm computed in float64 (over trailing dims, or over the consecutive dims `dim`)."""
     if dim is None:
-        return F.layer_norm(x.double(), tuple(normalized_shape), _wide(weight), _wide(bias), eps)
+        return _layer_norm64(x.double(), tuple(normalized_shape), weight, bias, eps)
     begin, end = _dim_range(x, dim)
-    return _channels_last(lambda t: F.layer_norm(t, x.shape[begin:end], _wide(weight), _wide(bias), eps),
-                          x.double(), (begin, end))
+    return _channels_last(lambda t: _layer_norm64(t, x.shape[begin:end], weight, bias, eps), x.double(), (begin, end))
 
 
 def reference_rms_norm(x, normalized_shape=None, weight=None, eps=None, dim=None):
