@@ -9,19 +9,32 @@ import re
 KERNELS_DIR = Path(__file__).resolve().parent
 
 _BINDING = "binding.cpp"
-_KERNELS = {"cpu": "norm_cpu.cpp", "cuda": "norm_cuda.cu"}
+# Translation units per device type besides the binding: the CUDA forward is one unit per dtype pair
+# (forward_*.cu) plus the entry points (forward.cu), so that ninja compiles them in parallel.
+_UNITS = {"cpu": ("norm_cpu*.cpp",), "cuda": ("*.cu",)}
+_HEADERS = {"cpu": ("*.h",), "cuda": ("*.h", "*.cuh")}
 # The build macro the binding needs, per device type.
 DEFINES = {"cpu": [], "cuda": ["FASTNORM_CUDA"]}
 
 
 def sources(device_type: str) -> list:
     """Source files of the package's extension for `device_type` ("cpu" or "cuda")."""
-    if device_type not in _KERNELS:
+    return [KERNELS_DIR / _BINDING] + _glob(_UNITS, device_type)
+
+
+def headers(device_type: str) -> list:
+    """Header files the sources of `device_type` may include (their text is part of a build's identity)."""
+    return _glob(_HEADERS, device_type)
+
+
+def _glob(table: dict, device_type: str) -> list:
+    if device_type not in table:
         raise ValueError(f"fastnorm: no kernels for device type {device_type!r} (cpu or cuda)")
-    return [KERNELS_DIR / _BINDING, KERNELS_DIR / _KERNELS[device_type]]
+    return sorted({path for pattern in table[device_type] for path in KERNELS_DIR.glob(pattern)})
 
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+_PRAGMA_ONCE = re.compile(r'^\s*#\s*pragma\s+once\s*$', re.M)  # meaningless (and warned about) once inlined
 
 
 def _inline_includes(text: str, seen: set) -> str:
@@ -32,7 +45,7 @@ def _inline_includes(text: str, seen: set) -> str:
         if name in seen:
             return ""
         seen.add(name)
-        return _inline_includes((KERNELS_DIR / name).read_text(), seen)
+        return _inline_includes(_PRAGMA_ONCE.sub("", (KERNELS_DIR / name).read_text()), seen)
 
     return _LOCAL_INCLUDE.sub(substitute, text)
 
@@ -42,10 +55,14 @@ def inline_sources(device_type: str):
 
     The C++ source holds the binding (and, for "cpu", the kernels); the CUDA source the CUDA kernels.
     """
-    binding, kernels = sources(device_type)
+    binding, *units = sources(device_type)
     defines = "".join(f"#define {d}\n" for d in DEFINES[device_type] + ["FASTNORM_INLINE"])
-    cpp = defines + _inline_includes(binding.read_text(), set())
+    seen = set()
+    cpp = defines + _inline_includes(binding.read_text(), seen)
+    # The units become one translation unit (the CPU's together with the binding; CUDA's its own), each
+    # local header inlined once, where it is first included.
+    unit_seen = seen if device_type == "cpu" else set()
+    kernels = "\n".join(_inline_includes(unit.read_text(), unit_seen) for unit in units)
     if device_type == "cpu":
-        # One translation unit: the header is already inlined above, keep it out of the second copy.
-        return cpp + "\n" + _inline_includes(kernels.read_text(), {"norm_params.h"}), None
-    return cpp, _inline_includes(kernels.read_text(), set())
+        return cpp + "\n" + kernels, None
+    return cpp, kernels

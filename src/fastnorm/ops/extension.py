@@ -35,7 +35,7 @@ def _build_root() -> Path:
 def extension_name(device_type: str) -> str:
     """Name of the build: changes whenever a source, a flag or the torch version changes."""
     digest = hashlib.sha256(torch.__version__.encode())
-    for path in kernels.sources(device_type) + [kernels.KERNELS_DIR / "norm_params.h"]:
+    for path in kernels.sources(device_type) + kernels.headers(device_type):
         digest.update(path.read_bytes())
     digest.update(repr(_flags(device_type)).encode())
     if device_type == "cuda":

@@ -1,0 +1,253 @@
+// Shared by the last-dim kernels (inner == 1): the call's arguments, per-dtype register budgets,
+// the uncached (RowSlice) and cached (shared-memory) row helpers, a block's slice of a row split over
+// several blocks (BlockSlice), and the per-row barrier through global memory of the split kernels.
+#pragma once
+#include "cuda_stats.cuh"
+
+namespace fastnorm {
+
+constexpr int kMaxRowThreads = 512;  // block size of the row and split kernels, at most
+constexpr int64_t kRowCacheBytes = 96 << 10;  // row kernel: shared memory for a block's rows, at most
+constexpr int64_t kSliceBytes = 64 << 10;     // split kernel: target slice per block
+
+template <typename T, typename W>
+struct RowArgs {
+  const T* x;
+  T* y;
+  const W* w;
+  const W* b;
+  int64_t rows, n, x_stride;  // n and x_stride in elements
+  double eps;
+  int tpr;  // threads per row, a power of two
+  int rms;
+};
+
+// Vectors each thread has in flight per batch; 2 where 4 would exceed 64 registers.
+template <typename T> struct UnrollOf { static constexpr int value = 4; };
+template <> struct UnrollOf<__nv_bfloat16> { static constexpr int value = 2; };
+template <> struct UnrollOf<double> { static constexpr int value = 2; };
+// Blocks of kMaxRowThreads per SM the register budget is sized for (64 registers; float64 needs more).
+template <typename T> struct MinBlocksOf { static constexpr int value = 2; };
+template <> struct MinBlocksOf<double> { static constexpr int value = 1; };
+// Blocks of the cluster kernel per SM its register budget is sized for: as many as shared memory
+// allows with 64 KB slices (40 registers a thread, as the cached row kernel).
+template <typename T> struct ClusterBlocksOf { static constexpr int value = 3; };
+template <> struct ClusterBlocksOf<double> { static constexpr int value = 1; };
+// The cached row kernel keeps x in shared memory, not registers, so its register budget sets how
+// many blocks an SM holds, and the extra rows in flight hide the latency of each row's reductions:
+// 3 blocks of 512 threads at 40 registers, or 4 at 32 (`kMore`), where half types with float32
+// weights spill. H100, 4 against 3: rows that leave threads of their block idle or share a block
+// gain (bf16 4096x12288 LN 86.9 -> 89.7%, fp32 95.0 -> 96.5; bf16 65536x1024 and 32768x2048 +0.3-0.5
+// points); a block holding one whole row at 4 vectors a thread loses a little (bf16 4096x16384 LN
+// 91.8 -> 91.4%, fp32 8192x8192 -0.2) and keeps 3.
+template <typename T, typename W, bool kMore>
+constexpr int kCachedRowBlocks = sizeof(T) == 8 ? 1 : kMore && (sizeof(T) == 4 || std::is_same<T, W>::value) ? 4 : 3;
+
+// The vectors [v0, v1) of one row that is not cached, processed by a group of `tpr` threads (this
+// is thread `t`): `stats` reads them and returns this thread's statistics; the caller combines
+// them; `apply` reads x again (then from L2, the slice having just been read), normalizes and stores.
+// Thread t handles vectors t, t + tpr, ...: coalesced global accesses.
+template <typename A, typename T, int VEC, bool kEvictFirst = true>
+struct RowSlice {
+  using V = Vec<T, VEC>;
+  static constexpr int kUnroll = UnrollOf<T>::value;
+  int64_t v0, v1;
+  int t, tpr;
+
+  // Exact statistics of each batch, merged; half the batch: the merge needs registers.
+  __device__ __forceinline__ Stats<A> stats(const V* xv, bool rms, A shift) {
+    constexpr int kHalf = kUnroll > 1 ? kUnroll / 2 : 1;
+    Stats<A> s{A(0), A(0), A(0)};
+    for (int64_t base = v0 + t; base < v1; base += int64_t(kHalf) * tpr) {
+      V r[kHalf];
+#pragma unroll
+      for (int u = 0; u < kHalf; ++u) {
+        const int64_t i = base + int64_t(u) * tpr;
+        if (i < v1) r[u] = load_vec<false>(xv + i);
+      }
+      s = merge(s, thread_stats<A>(r, base, tpr, v1, rms, shift), rms);
+    }
+    return s;
+  }
+
+  // One vector at a time: the parameters it needs take registers, and latency is hidden by the
+  // other rows in flight on the SM rather than by unrolling. Parameters are relative to v0.
+  template <bool kKeep, typename W>
+  __device__ __forceinline__ void apply(const V* xv, V* yv, const W* w, const W* b, const Affine<A>& st) {
+#pragma unroll 2
+    for (int64_t i = v0 + t; i < v1; i += tpr) {
+      store_vec<kEvictFirst>(yv + i, normalize_vec<kKeep, A>(load_vec<true>(xv + i), st, w, b, (i - v0) * VEC));
+    }
+  }
+};
+
+// Normalizes and stores the `count` cached vectors t, t + tpr, ... of a row (tpr = 1 << sh). One
+// loop per case of the template flags (kCenter: LayerNorm, else RMSNorm; kW, kB: weight, bias)
+// keeps the checks out of the loop; ncu counted ~20 instructions a vector for them before.
+// (Prefetching the next vector's parameters into L1 measured 3-37 points slower, H100.)
+template <bool kCenter, bool kW, bool kB, bool kEvictFirst, typename A, typename T, typename W, int VEC>
+__device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
+                                                 const Affine<A>& st, int t, int sh, int count) {
+#pragma unroll 1
+  for (int k = 0; k < count; ++k) {
+    const int i = t + (k << sh);
+    A wv[VEC], bv[VEC];
+    if constexpr (kW) load_params<false, VEC>(w + int64_t(i) * VEC, wv);
+    if constexpr (kB) load_params<false, VEC>(b + int64_t(i) * VEC, bv);
+    store_vec<kEvictFirst>(yv + i, normalize_with(cache[i], st, kW, wv, kB, bv, kCenter));
+  }
+}
+
+// store_cached_row for the call's case.
+template <bool kEvictFirst, typename A, typename T, typename W, int VEC>
+__device__ __forceinline__ void store_own_vectors(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
+                                             const Affine<A>& st, int t, int sh, int count, bool rms) {
+  if (rms && !b) {  // (RMSNorm's affine map has center 0 and offset 0: the general loops serve too)
+    if (w) store_cached_row<false, true, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+    else store_cached_row<false, false, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  } else if (w && b) {
+    store_cached_row<true, true, true, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  } else if (w) {
+    store_cached_row<true, true, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  } else if (b) {
+    store_cached_row<true, false, true, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  } else {
+    store_cached_row<true, false, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+  }
+}
+
+// Copies a thread's vectors t + (k << sh), k < count, of xv into the cache and waits for them
+// (cp.async; plain loads for vectors under 4 bytes). A thread reads back only its own copies: no
+// barrier needed.
+template <bool kEvictFirst, typename T, int VEC>
+__device__ __forceinline__ void cache_own_vectors(Vec<T, VEC>* cache, const Vec<T, VEC>* xv, int t, int sh, int count) {
+  if constexpr (sizeof(Vec<T, VEC>) >= 4) {
+    for (int k = 0; k < count; ++k) cp_async<int(sizeof(Vec<T, VEC>)), kEvictFirst>(cache + t + (k << sh), xv + t + (k << sh));
+    cp_async_wait_all();
+  } else {
+    for (int k = 0; k < count; ++k) cache[t + (k << sh)] = xv[t + (k << sh)];
+  }
+}
+
+// Passes over a thread's cached vectors t + (k << sh), k < count, for the plain-sum statistics:
+// sum of x * scale (scale = 1 / n: a rough mean that cannot overflow near FLT_MAX), sum of x * x,
+// and the sums of d = x - c and d * d about a rough mean c.
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ A cached_scaled_sum(const Vec<T, VEC>* cache, int t, int sh, int count, A scale) {
+  A vals[VEC], s = A(0);
+#pragma unroll 2
+  for (int k = 0; k < count; ++k) {
+    widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) s = fma(vals[e], scale, s);
+  }
+  return s;
+}
+
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ A cached_square_sum(const Vec<T, VEC>* cache, int t, int sh, int count) {
+  A vals[VEC], s = A(0);
+#pragma unroll 2
+  for (int k = 0; k < count; ++k) {
+    widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) s = fma(vals[e], vals[e], s);
+  }
+  return s;
+}
+
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void cached_deviation_sums(const Vec<T, VEC>* cache, int t, int sh, int count, A c,
+                                                      A (&out)[2]) {
+  A vals[VEC], sd = A(0), sdd = A(0);
+#pragma unroll 2
+  for (int k = 0; k < count; ++k) {
+    widen(cache[t + (k << sh)].v, vals);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const A d = vals[e] - c;
+      sd += d;
+      sdd = fma(d, d, sdd);
+    }
+  }
+  out[0] = sd;
+  out[1] = sdd;
+}
+
+// A block's fixed column slice [v0, v1) of every row it handles (cluster and split-slice kernels),
+// m vectors, n_b elements; each thread owns vectors t + (k << sh) of it (blockDim a power of two).
+// `stats` copies the slice into shared memory and returns its statistics as (count, mean relative
+// to `shift`, M2) from plain sums (a rough mean, then the corrected two-pass sums): the partials the
+// kernels merge with Chan's formula. Its block reductions alternate the two `sums` buffers (see
+// group_sums); `buf` is the next one. `store` normalizes the cached slice and writes it.
+template <typename A, typename T, typename W, int VEC>
+struct BlockSlice {
+  using V = Vec<T, VEC>;
+  V* cache;
+  const W *w, *b;  // the slice's columns of weight and bias (null when absent)
+  int64_t v0;
+  int t, sh, m, count;
+  A n_b, inv_nb;
+
+  __device__ __forceinline__ BlockSlice(const RowArgs<T, W>& a, int64_t first, int64_t end, unsigned char* smem)
+      : cache(reinterpret_cast<V*>(smem)), w(a.w ? a.w + first * VEC : a.w), b(a.b ? a.b + first * VEC : a.b),
+        v0(first), t(threadIdx.x), m(int(end - first)) {
+    sh = __ffs(int(blockDim.x)) - 1;
+    count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;
+    n_b = A(m) * A(VEC);
+    inv_nb = m > 0 ? A(1) / n_b : A(0);
+  }
+
+  __device__ __forceinline__ Stats<A> stats(const RowArgs<T, W>& a, int64_t row, A shift, A (*sums)[64], int& buf) {
+    const bool rms = a.rms;
+    cache_own_vectors<false>(cache, reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0, t, sh, count);
+    A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
+    group_sums(total, 1 << sh, sums[buf]);
+    buf ^= 1;
+    Stats<A> s{n_b, A(0), total[0]};
+    if (!rms) {
+      const A c = total[0];
+      A dev[2];
+      cached_deviation_sums(cache, t, sh, count, c, dev);
+      group_sums(dev, 1 << sh, sums[buf]);
+      buf ^= 1;
+      const A mean_d = dev[0] * inv_nb;
+      s.mean = m > 0 ? (c - shift) + mean_d : A(0);  // 0 for an empty slice keeps the merge exact
+      s.m2 = corrected_variance(mean_d, dev[1] * inv_nb) * n_b;
+    }
+    return s;
+  }
+
+  __device__ __forceinline__ void store(const RowArgs<T, W>& a, int64_t row, const Affine<A>& st) {
+    store_own_vectors<false>(cache, reinterpret_cast<V*>(a.y + row * a.n) + v0, w, b, st, t, sh, count, a.rms);
+  }
+};
+
+// Split rows: `g` blocks per row, `slots` rows in flight; block `blockIdx.x` works on slot
+// blockIdx.x / g, slice blockIdx.x % g, for rows slot, slot + slots, ... (one wave each).
+struct SplitWorkspace {
+  unsigned int* arrivals;  // per slot, grows by g every wave
+  void* partials;          // [2][slots][g] Stats, double-buffered by wave parity
+};
+
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The split kernels' per-row barrier: thread 0 writes the block's partial, arrives at the slot's
+// counter and waits until it reaches `target` (g arrivals a wave); then the whole block goes on.
+template <typename A>
+__device__ __forceinline__ void publish_and_wait(Stats<A>* slot_partial, const Stats<A>& s, unsigned int* arrivals,
+                                                 unsigned int target) {
+  if (threadIdx.x == 0) {
+    *slot_partial = s;
+    __threadfence();
+    atomicAdd(arrivals, 1u);
+    while (load_acquire(arrivals) < target) __nanosleep(32);
+  }
+  __syncthreads();
+}
+
+}  // namespace fastnorm

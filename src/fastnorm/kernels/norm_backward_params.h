@@ -1,0 +1,29 @@
+// Plain description of one normalization backward call, shared by the CPU and CUDA kernels
+// (PyTorch-free, like norm_params.h). The view is the forward's (outer, n, inner).
+//
+// Given x and the gradient dy of y = norm(x) [* w + b], the kernels write dx and, when asked,
+// dweight / dbias. The row statistics (mean, rstd) are recomputed from x during the backward's own
+// first read of it: no extra pass over memory, nothing saved by the forward but x.
+// x is at x[o * x_outer_stride + j * inner + i]; dy and dx are contiguous (outer, n, inner).
+#pragma once
+#include <stdint.h>
+
+struct NormBackwardParams {
+  const void* x;
+  const void* dy;
+  const void* weight;  // n elements or null (then w = 1)
+  void* dx;            // may be null when dx is not wanted
+  void* dweight;       // n elements of the weight dtype, or null when not wanted
+  void* dbias;         // n elements of the weight dtype, or null (always null for RMSNorm)
+  int64_t outer;
+  int64_t n;
+  int64_t inner;
+  int64_t x_outer_stride;
+  int dtype;   // FastnormDtype of x, dy and dx
+  int wdtype;  // FastnormDtype of weight, dweight and dbias (FN_NONE when none of them is given)
+  int rms;
+  double eps;
+  // Scratch space (partial sums), size from the *_backward_workspace_bytes entry; need not be zeroed.
+  void* workspace;
+  int64_t workspace_bytes;
+};

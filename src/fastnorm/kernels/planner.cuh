@@ -1,0 +1,211 @@
+// The forward planner: which CUDA kernel takes a LayerNorm / RMSNorm call over an (outer, n, inner)
+// view (see norm_params.h). Read launch_rows and dispatch_layout at the bottom: they are the table.
+//
+//   layout              call                                              kernel (file)
+//   inner > 1           any (e.g. the channels of NCHW)                   strided_tile / strided_norm (channel_kernels.cuh)
+//   inner == 1, rows:   4-17 MB rows the chip can hold (resident_groups)  resident_row_norm (resident_kernel.cuh)
+//                       4 MB+ rows, fewer than SMs, not resident          stream_* (streamed_kernels.cuh)
+//                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
+//                       fewer rows than SMs, at most 1024 vectors         few_rows (few_rows_kernel.cuh)
+//                       longer rows than a block caches, or few of them   split_slice / split_row_norm (split_kernels.cuh)
+//                       everything else (rows of up to 96 KB)             row_norm (row_kernel.cuh)
+//
+// Each kernel file holds the kernel, the rule of when it takes a call where that rule is its own,
+// its launch configuration and its launcher. Shared device code: cuda_vec.cuh (types, conversions,
+// loads and stores), cuda_stats.cuh (statistics, reductions, the normalize step), cuda_rows.cuh
+// (helpers of the last-dim kernels); host helpers: cuda_launch.cuh. The translation units
+// forward_<dtype>.cu instantiate the kernels per input and weight dtype (built in parallel);
+// forward.cu holds the entry points the binding calls.
+//
+// Statistics: the row kernel (rows in shared memory) makes passes over the cached row, each ending
+// in a plain sum over the row's threads: a rough mean, then the corrected two-pass sums about it.
+// So do the blocks of the cluster and split-slice kernels over their slices, whose (count, mean, M2)
+// are then merged with Chan's parallel formula. The other kernels compute exact (count, mean, M2)
+// of the values each thread holds and combine them the same way, all relative to one shift (the
+// row's first element), so merged means stay small; the resident kernel sums moments about that
+// shift in double. Either way large offsets (x + 1000) cost no precision, and the output is
+// (x - center) * rstd + offset with the mean split into center + exact rounding error (Affine).
+// Rows (slices) that do not fit a cache are read twice, the second time mostly from L2.
+#pragma once
+#include "channel_kernels.cuh"
+#include "cluster_kernel.cuh"
+#include "few_rows_kernel.cuh"
+#include "resident_kernel.cuh"
+#include "row_kernel.cuh"
+#include "split_kernels.cuh"
+#include "streamed_kernels.cuh"
+
+namespace fastnorm {
+
+// Vector width of the last-dim kernels: 16 bytes when every pointer and row start allows it.
+inline int row_vec(const NormParams& p) {
+  const int vec = 16 / elem_size(p.dtype);
+  const bool ok = aligned16(p.x) && aligned16(p.y) && aligned16(p.weight) && aligned16(p.bias) &&
+                  p.n % vec == 0 && p.x_outer_stride % vec == 0;
+  return ok ? vec : 1;
+}
+
+// Tuning overrides are hints: round to a power of two the kernels support.
+inline int threads_hint(const NormParams& p, int lo) {
+  if (p.threads <= 0) return 0;
+  int t = lo;
+  while (t * 2 <= p.threads && t * 2 <= kMaxRowThreads) t *= 2;
+  return t;
+}
+
+inline int split_threads(const NormParams& p) {
+  const int t = threads_hint(p, 32);
+  return t > 0 ? t : kMaxRowThreads;
+}
+
+// Blocks per row wanted for a last-dim call (1: row kernel). Rows whose cache would not fit a block
+// are split; so are the rows of a few-row call, to spread them over the whole chip.
+inline int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
+  if (p.blocks_per_row > 0) return p.blocks_per_row;
+  const int64_t row_bytes = p.n * elem_size(p.dtype);
+  const bool few_rows = p.outer < sms;
+  if (row_bytes <= kRowCacheBytes && !(few_rows && row_bytes >= (64 << 10))) return 1;
+  int64_t g = (row_bytes + kSliceBytes - 1) / kSliceBytes;
+  if (few_rows) {
+    const int64_t spread = (int64_t(sms) * 2) / p.outer, min_slice = row_bytes / (16 << 10);
+    const int64_t want = spread < min_slice ? spread : min_slice;
+    if (want > g) g = want;
+  }
+  return g;
+}
+
+// Rows too short for the resident kernel, at least this many: the split kernel instead (H100, same
+// process: fp32 64x1048576 LN 60 -> 63% of copy, RMS 61 -> 75; 100x1048576 62 -> 66, 63 -> 75.5;
+// bf16 32x2097152 56 -> 58.5, 58.5 -> 68). With 1-8 rows the streamed kernels, which spread a row
+// over the whole chip, stay ahead (fp32 4x1800000 LN 47 against 30%).
+constexpr int64_t kSplitRows = 32;
+
+// Few long rows: the resident kernel where it takes them, else the three streamed kernels.
+inline bool streamed_rows(const NormParams& p, int sms) {
+  const int64_t row_bytes = p.n * elem_size(p.dtype);
+  return p.blocks_per_row <= 0 && row_bytes >= kStreamRowBytes && p.outer < sms &&
+         !(p.outer >= kSplitRows && row_bytes < kResidentRowBytes);
+}
+
+// How a last-dim call is run. g == 1: row kernel, else split kernel with `slots` rows in flight.
+struct RowPlan {
+  int tpr, threads, g, slots, grid;
+  int64_t cache_vec;  // shared-memory vectors per row (row kernel) or per slice (split); 0: none
+  size_t smem;
+  bool more_blocks;   // row kernel: the 4-blocks-an-SM budget (kCachedRowBlocks)
+};
+
+template <typename T, typename W, int VEC>
+inline RowPlan plan_rows(const NormParams& p) {
+  using V = Vec<T, VEC>;
+  const Device dev = device_info();
+  const int64_t nvec = p.n / VEC;
+  int64_t g = wanted_blocks_per_row(p, dev.sms);
+  if (g > 1 && dev.coop) {
+    static bool smem_allowed = false;
+    if (!smem_allowed) allow_smem(split_slice_kernel<T, W, VEC>), smem_allowed = true;
+    const int threads = split_threads(p);
+    int64_t slice = (nvec + g - 1) / g;
+    size_t smem = size_t(slice) * sizeof(V);
+    if (int64_t(smem) > kMaxSmem) smem = 0;
+    int per_sm = 0;
+    if (smem) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_slice_kernel<T, W, VEC>, threads, smem);
+    if (int64_t(per_sm) * dev.sms < g) {  // too many slices to be resident: no cache, read x twice
+      smem = 0;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC>, threads, 0);
+    }
+    const int64_t resident = int64_t(per_sm) * dev.sms;
+    if (resident >= 1) {
+      if (g > resident) g = resident;
+      int64_t slots = resident / g;
+      if (slots > p.outer) slots = p.outer;
+      return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem, false};
+    }
+  }
+  // Vectors per thread: 4 (H100: best of 2, 4, 8 on rows of 2-32 KB, fp32 and bf16); a call with
+  // fewer rows than SMs is latency-bound: one vector per thread (up to 512 threads), so each
+  // thread waits for one round of loads, not several.
+  const int64_t per_thread = p.outer < dev.sms ? 1 : 4;
+  int tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + per_thread - 1) / per_thread);
+  if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
+  const int threads = tpr >= 256 ? tpr : 256;
+  const int64_t rows_per_block = threads / tpr;
+  const int64_t cache_bytes = rows_per_block * nvec * int64_t(sizeof(V));
+  const int64_t cache_vec = cache_bytes <= kRowCacheBytes ? nvec : 0;
+  if (cache_vec) {
+    static bool smem_allowed = false;
+    if (!smem_allowed) {
+      allow_smem(row_norm_kernel<T, W, VEC, true>);
+      if constexpr (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>) allow_smem(row_norm_kernel<T, W, VEC, true, true>);
+      smem_allowed = true;
+    }
+  }
+  const bool whole_block_row = threads == kMaxRowThreads && tpr == threads && nvec == per_thread * tpr;
+  const bool more_blocks = kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false> && !whole_block_row;
+  const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
+  // Blocks beyond what is resident queue up, but smaller blocks leave a shorter tail: a cap of 32
+  // blocks per SM (two row batches per block at 65536x1024) measured 1-2 points slower than 256.
+  const int64_t cap = int64_t(dev.sms) * 256;
+  return RowPlan{tpr, threads, 1, 0, int(blocks < cap ? blocks : cap), cache_vec,
+                 size_t(cache_vec ? cache_bytes : 0), more_blocks};
+}
+
+template <typename T, typename W, int VEC>
+inline const char* launch_rows(const NormParams& p, cudaStream_t stream) {
+  const Device dev = device_info();
+  if constexpr (VEC > 1) {
+    const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);
+    if (resident.k > 0) return launch_resident<T, W, VEC>(p, resident, stream);
+  }
+  if (streamed_rows(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
+  const int g = cluster_plan(p, dev, VEC);
+  if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
+  if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) return launch_few_rows<T, W, VEC>(p, stream);
+  const RowPlan plan = plan_rows<T, W, VEC>(p);
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms};
+  if (plan.grid == 0) return nullptr;
+  if (plan.g == 1) {
+    if (plan.cache_vec) {
+      if constexpr (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>) {
+        if (plan.more_blocks) row_norm_kernel<T, W, VEC, true, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
+      }
+      if (!plan.more_blocks) {
+        row_norm_kernel<T, W, VEC, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
+      }
+    } else {
+      row_norm_kernel<T, W, VEC, false><<<plan.grid, plan.threads, 0, stream>>>(a, 0);
+    }
+  } else {
+    using A = typename AccOf<T>::type;
+    const int64_t need = int64_t(plan.slots) * 16 + int64_t(2) * plan.slots * plan.g * sizeof(Stats<A>);
+    if (p.workspace == nullptr || p.workspace_bytes < need) return "split-row workspace missing or too small";
+    SplitWorkspace ws{static_cast<unsigned int*>(p.workspace),
+                      static_cast<unsigned char*>(p.workspace) + int64_t(plan.slots) * 16};
+    int g = plan.g, slots = plan.slots;
+    void* args[] = {&a, &g, &slots, &ws};
+    const void* kernel = plan.cache_vec ? reinterpret_cast<const void*>(split_slice_kernel<T, W, VEC>)
+                                        : reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC>);
+    cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(plan.grid), dim3(plan.threads), args, plan.smem, stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, typename W>
+inline const char* dispatch_layout(const NormParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (p.inner == 1) return row_vec(p) > 1 ? launch_rows<T, W, kVec>(p, stream) : launch_rows<T, W, 1>(p, stream);
+  const bool vec_ok = aligned16(p.x) && aligned16(p.y) && p.inner % kVec == 0 && p.x_outer_stride % kVec == 0;
+  return vec_ok ? launch_strided<T, W, kVec>(p, stream) : launch_strided<T, W, 1>(p, stream);
+}
+
+}  // namespace fastnorm
+
+// One translation unit per (input, parameter) dtype pair defines its entry with this (forward_*.cu),
+// so that ninja compiles the pairs in parallel.
+#define FASTNORM_FORWARD_INSTANCE(name, T, W)                                      \
+  const char* fastnorm::name(const NormParams& p, cudaStream_t stream) {           \
+    return dispatch_layout<T, W>(p, stream);                                       \
+  }

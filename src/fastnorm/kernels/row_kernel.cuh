@@ -1,0 +1,65 @@
+// The row kernel: last-dim rows of up to 96 KB, a group of 1-512 threads per row.
+#pragma once
+#include "cuda_rows.cuh"
+
+namespace fastnorm {
+
+// One row per group of `tpr` threads, blockDim / tpr rows per block; `cache_vec` vectors of shared
+// memory per row (0: no cache, x is read twice).
+// Cached rows take their statistics in passes over shared memory, each ending in one plain sum
+// over the group: the sum of x / n gives a rough mean c, then the corrected two-pass sums of d = x - c
+// and d * d give the variance and the exact mean (c plus a small correction), however far the
+// mean is from zero. Cheaper than merging (count, mean, M2) triples, whose divisions made up a
+// tenth of the bf16 kernel's instructions, and as accurate.
+template <typename T, typename W, int VEC, bool kCached, bool kMore = false>
+__global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, W, kMore> : MinBlocksOf<T>::value) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec) {
+  using A = typename AccOf<T>::type;
+  using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ Stats<A> red[32];
+  __shared__ A sums[2][64];
+  int buf = 0;
+  const int tpr = a.tpr, sh = __ffs(tpr) - 1;  // tpr is a power of two: shifts, not divisions
+  const int rows_per_block = blockDim.x >> sh;
+  const int group = threadIdx.x >> sh, t = threadIdx.x & (tpr - 1);
+  const bool rms = a.rms;
+  const int64_t nvec = a.n / VEC;
+  const A inv_n = A(1) / A(a.n);
+  V* cache = kCached ? reinterpret_cast<V*>(dyn_smem) + group * cache_vec : nullptr;
+  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows;
+       base += int64_t(gridDim.x) * rows_per_block) {
+    const int64_t row = base + group;
+    const bool active = row < a.rows;
+    const V* xv = reinterpret_cast<const V*>(a.x + (active ? row : 0) * a.x_stride);
+    V* yv = reinterpret_cast<V*>(a.y + (active ? row : 0) * a.n);
+    if constexpr (kCached) {
+      // This thread's vectors: t + (k << sh) for k < count (a cached row holds at most kRowCacheBytes).
+      const int m = active ? int(nvec) : 0;
+      const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;
+      cache_own_vectors<false>(cache, xv, t, sh, count);
+      A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_n)};
+      group_sums(total, tpr, sums[buf]);
+      buf ^= 1;
+      Affine<A> st;
+      if (rms) {
+        st = affine_of(A(0), A(0), total[0] * inv_n, a.eps, true);
+      } else {
+        const A c = total[0];
+        A dev[2];
+        cached_deviation_sums(cache, t, sh, count, c, dev);
+        group_sums(dev, tpr, sums[buf]);
+        buf ^= 1;
+        const A mean_d = dev[0] * inv_n;  // the small correction of c, exact enough in a plain sum
+        st = affine_of(c, mean_d, corrected_variance(mean_d, dev[1] * inv_n), a.eps, false);
+      }
+      store_own_vectors<false>(cache, yv, a.w, a.b, st, t, sh, count, rms);
+    } else {
+      const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
+      RowSlice<A, T, VEC, false> slice{0, active ? nvec : 0, t, tpr};
+      const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, red);
+      if (active) slice.template apply<false>(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
+    }
+  }
+}
+
+}  // namespace fastnorm
