@@ -4,6 +4,7 @@
 // (load_inline writes its own).
 #include <torch/extension.h>
 
+#include "norm_backward_params.h"
 #include "norm_params.h"
 
 #ifdef FASTNORM_CUDA
@@ -11,8 +12,11 @@
 #include <c10/cuda/CUDAStream.h>
 int64_t fastnorm_cuda_workspace_bytes(const NormParams& p);
 const char* fastnorm_cuda_forward(const NormParams& p, void* stream);
+int64_t fastnorm_cuda_backward_workspace_bytes(const NormBackwardParams& p);
+const char* fastnorm_cuda_backward(const NormBackwardParams& p, void* stream);
 #else
 const char* fastnorm_cpu_forward(const NormParams& p);
+const char* fastnorm_cpu_backward(const NormBackwardParams& p);
 #endif
 
 namespace {
@@ -53,75 +57,95 @@ int64_t collapsed_outer_stride(const at::Tensor& x, int64_t begin, int64_t tail_
   return stride >= tail_numel ? stride : -1;  // overlapping rows are not supported in place
 }
 
-}  // namespace
+// What a forward and a backward call share: the (outer, n, inner) view of x, its dtype code, and
+// weight / bias as the kernels take them (n contiguous elements of x's dtype or the wide type).
+struct NormCall {
+  int64_t outer = 1, n = 1, inner = 1;
+  int code = FN_NONE;
+  at::Tensor w, b;
+  at::ScalarType wtype = at::kFloat;
+  bool has_params = false;
+};
 
-at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
-                        const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
-                        double eps, bool rms, int64_t threads, int64_t blocks_per_row) {
+NormCall prepare_call(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                      const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim, bool rms) {
+  NormCall c;
   const int64_t ndim = x.dim();
   TORCH_CHECK(0 <= begin_dim && begin_dim < end_dim && end_dim <= ndim, "fastnorm: bad dims [",
               begin_dim, ", ", end_dim, ") for a tensor of rank ", ndim);
-  const int code = dtype_code(x.scalar_type());
-  TORCH_CHECK(code != FN_NONE, "fastnorm: unsupported input dtype ", x.scalar_type(),
+  c.code = dtype_code(x.scalar_type());
+  TORCH_CHECK(c.code != FN_NONE, "fastnorm: unsupported input dtype ", x.scalar_type(),
               " (float32, float16, bfloat16 or float64)");
 #ifdef FASTNORM_CUDA
   TORCH_CHECK(x.is_cuda(), "fastnorm: this build runs CUDA tensors, got one on ", x.device());
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
 #else
   TORCH_CHECK(x.is_cpu(), "fastnorm: this build runs CPU tensors, got one on ", x.device());
 #endif
-  int64_t outer = 1, n = 1, inner = 1;
-  for (int64_t d = 0; d < ndim; ++d) (d < begin_dim ? outer : d < end_dim ? n : inner) *= x.size(d);
+  for (int64_t d = 0; d < ndim; ++d) (d < begin_dim ? c.outer : d < end_dim ? c.n : c.inner) *= x.size(d);
 
   // Weight and bias: n contiguous elements, both of x's dtype or both float32 (float64 for double x).
-  at::Tensor w, b;
+  at::Tensor& w = c.w;
+  at::Tensor& b = c.b;
   if (weight.has_value() && weight->defined()) w = *weight;
   if (bias.has_value() && bias->defined()) b = *bias;
   TORCH_CHECK(!(rms && b.defined()), "fastnorm: RMSNorm takes no bias");
-  at::ScalarType wtype = at::kFloat;
   for (const at::Tensor* t : {&w, &b}) {
     if (!t->defined()) continue;
-    TORCH_CHECK(t->numel() == n, "fastnorm: weight/bias has ", t->numel(), " elements, expected ", n);
+    TORCH_CHECK(t->numel() == c.n, "fastnorm: weight/bias has ", t->numel(), " elements, expected ", c.n);
     TORCH_CHECK(t->device() == x.device(), "fastnorm: weight/bias on ", t->device(), ", input on ",
                 x.device());
     TORCH_CHECK(dtype_code(t->scalar_type()) != FN_NONE, "fastnorm: unsupported weight/bias dtype ",
                 t->scalar_type());
   }
   const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  if (w.defined() || b.defined()) {
+  c.has_params = w.defined() || b.defined();
+  if (c.has_params) {
     const at::Tensor& first = w.defined() ? w : b;
     const bool same = !(w.defined() && b.defined()) || w.scalar_type() == b.scalar_type();
-    wtype = same && (first.scalar_type() == x.scalar_type() || first.scalar_type() == wide)
-                ? first.scalar_type() : wide;
+    c.wtype = same && (first.scalar_type() == x.scalar_type() || first.scalar_type() == wide)
+                  ? first.scalar_type() : wide;
     // Skip the no-op calls: each costs dispatcher time on every call of a small shape.
     for (at::Tensor* t : {&w, &b}) {
       if (!t->defined()) continue;
-      if (t->scalar_type() != wtype) *t = t->to(wtype);
+      if (t->scalar_type() != c.wtype) *t = t->to(c.wtype);
       if (!t->is_contiguous()) *t = t->contiguous();
     }
   }
+  return c;
+}
 
+// x as the kernels read it: in place when its rows (outer indices) are evenly strided over a
+// contiguous tail, else a contiguous copy; and the stride between outer indices.
+std::pair<at::Tensor, int64_t> strided_input(const at::Tensor& x, int64_t begin_dim, int64_t tail_numel) {
+  int64_t outer_stride = tail_contiguous(x, begin_dim) ? collapsed_outer_stride(x, begin_dim, tail_numel) : -1;
+  if (outer_stride < 0) return {x.contiguous(), tail_numel};
+  return {x, outer_stride};
+}
+
+}  // namespace
+
+at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                        const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
+                        double eps, bool rms, int64_t threads, int64_t blocks_per_row) {
+  NormCall c = prepare_call(x, weight, bias, begin_dim, end_dim, rms);
+#ifdef FASTNORM_CUDA
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+#endif
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return y;
-
-  at::Tensor xc = x;
-  int64_t outer_stride = tail_contiguous(x, begin_dim) ? collapsed_outer_stride(x, begin_dim, n * inner) : -1;
-  if (outer_stride < 0) {
-    xc = x.contiguous();
-    outer_stride = n * inner;
-  }
+  const auto [xc, outer_stride] = strided_input(x, begin_dim, c.n * c.inner);
 
   NormParams p{};
   p.x = xc.data_ptr();
   p.y = y.data_ptr();
-  p.weight = w.defined() ? w.data_ptr() : nullptr;
-  p.bias = b.defined() ? b.data_ptr() : nullptr;
-  p.outer = outer;
-  p.n = n;
-  p.inner = inner;
+  p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
+  p.bias = c.b.defined() ? c.b.data_ptr() : nullptr;
+  p.outer = c.outer;
+  p.n = c.n;
+  p.inner = c.inner;
   p.x_outer_stride = outer_stride;
-  p.dtype = code;
-  p.wdtype = (w.defined() || b.defined()) ? dtype_code(wtype) : FN_NONE;
+  p.dtype = c.code;
+  p.wdtype = c.has_params ? dtype_code(c.wtype) : FN_NONE;
   p.rms = rms ? 1 : 0;
   p.eps = eps;
   p.threads = static_cast<int>(threads);
@@ -140,6 +164,66 @@ at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& we
 #endif
   TORCH_CHECK(err == nullptr, "fastnorm kernel failed: ", err);
   return y;
+}
+
+// Gradients of y = norm(x) [* weight + bias] given dy: (dx, dweight, dbias), each an empty tensor
+// where not asked for. dweight / dbias come in the dtype the kernels use for the parameters (the
+// caller casts them to the parameters' own). Bias is passed for its presence and dtype only.
+std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                      const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
+                                      double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias) {
+  NormCall c = prepare_call(x, weight, bias, begin_dim, end_dim, rms);
+  TORCH_CHECK(dy.sizes() == x.sizes(), "fastnorm: grad has shape ", dy.sizes(), ", input ", x.sizes());
+  TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "fastnorm: grad dtype ", dy.scalar_type(), ", input ",
+              x.scalar_type());
+  TORCH_CHECK(dy.device() == x.device(), "fastnorm: grad on ", dy.device(), ", input on ", x.device());
+  TORCH_CHECK(!need_dweight || c.w.defined(), "fastnorm: dweight asked for without a weight");
+  TORCH_CHECK(!need_dbias || c.b.defined(), "fastnorm: dbias asked for without a bias");
+#ifdef FASTNORM_CUDA
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+#endif
+  const auto contiguous = x.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor dx = need_dx ? at::empty(x.sizes(), contiguous) : at::empty({0}, x.options());
+  const auto param_options = x.options().dtype(c.wtype);
+  at::Tensor dw = need_dweight ? at::empty({c.n}, param_options) : at::empty({0}, param_options);
+  at::Tensor db = need_dbias ? at::empty({c.n}, param_options) : at::empty({0}, param_options);
+  if (x.numel() == 0 || !(need_dx || need_dweight || need_dbias)) {
+    if (need_dweight) dw.zero_();
+    if (need_dbias) db.zero_();
+    return {dx, dw, db};
+  }
+  const auto [xc, outer_stride] = strided_input(x, begin_dim, c.n * c.inner);
+  const at::Tensor dyc = dy.contiguous();
+
+  NormBackwardParams p{};
+  p.x = xc.data_ptr();
+  p.dy = dyc.data_ptr();
+  p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
+  p.dx = need_dx ? dx.data_ptr() : nullptr;
+  p.dweight = need_dweight ? dw.data_ptr() : nullptr;
+  p.dbias = need_dbias ? db.data_ptr() : nullptr;
+  p.outer = c.outer;
+  p.n = c.n;
+  p.inner = c.inner;
+  p.x_outer_stride = outer_stride;
+  p.dtype = c.code;
+  p.wdtype = c.has_params ? dtype_code(c.wtype) : FN_NONE;
+  p.rms = rms ? 1 : 0;
+  p.eps = eps;
+#ifdef FASTNORM_CUDA
+  at::Tensor workspace;
+  const int64_t ws_bytes = fastnorm_cuda_backward_workspace_bytes(p);
+  if (ws_bytes > 0) {
+    workspace = at::empty({ws_bytes}, x.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+    p.workspace_bytes = ws_bytes;
+  }
+  const char* err = fastnorm_cuda_backward(p, c10::cuda::getCurrentCUDAStream().stream());
+#else
+  const char* err = fastnorm_cpu_backward(p);
+#endif
+  TORCH_CHECK(err == nullptr, "fastnorm backward kernel failed: ", err);
+  return {dx, dw, db};
 }
 
 #ifndef FASTNORM_INLINE
@@ -255,6 +339,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("norm_forward", &norm_forward, "LayerNorm / RMSNorm over dims [begin_dim, end_dim) of x",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"),
         py::arg("eps"), py::arg("rms"), py::arg("threads") = 0, py::arg("blocks_per_row") = 0);
+  m.def("norm_backward", &norm_backward, "(dx, dweight, dbias) of norm_forward given the output gradient dy",
+        py::arg("dy"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"),
+        py::arg("eps"), py::arg("rms"), py::arg("need_dx"), py::arg("need_dweight"), py::arg("need_dbias"));
   m.def("try_layer_norm",
         [](py::handle x, py::handle shape, py::handle dim, py::handle w, py::handle b, py::handle eps) {
           return try_norm(x, shape, dim, w, b, eps, false);

@@ -248,7 +248,7 @@ constexpr int64_t kWideTileChannels = 64;
 constexpr int kTileLanes = 64;
 
 template <typename T, typename W, int VEC>
-inline const char* launch_strided(const NormParams& p, cudaStream_t stream) {
+static inline const char* launch_strided(const NormParams& p, cudaStream_t stream) {
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
   const Device dev = device_info();
@@ -283,7 +283,7 @@ inline const char* launch_strided(const NormParams& p, cudaStream_t stream) {
     strided_norm_kernel<T, W, VEC><<<grid, threads, size_t(red_bytes), stream>>>(a);
   }
   const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  return launch_result(err);
 }
 
 }  // namespace fastnorm

@@ -118,7 +118,7 @@ constexpr int kClusterWaves = 2;
 // Blocks per cluster for a last-dim call, 0 when the cluster kernel does not suit it: rows short
 // enough for the row kernel, too long for 8 slices of shared memory, or too few to fill the chip
 // (the split kernel spreads those wider). Tuning overrides address the row and split kernels.
-inline int cluster_blocks(const NormParams& p, const Device& dev) {
+static inline int cluster_blocks(const NormParams& p, const Device& dev) {
   if (dev.major < 9 || p.blocks_per_row > 0 || p.threads > 0) return 0;
   const int64_t row_bytes = p.n * elem_size(p.dtype);
   if (row_bytes <= kRowCacheBytes) return 0;
@@ -129,14 +129,14 @@ inline int cluster_blocks(const NormParams& p, const Device& dev) {
 }
 
 template <typename T, typename W, int VEC>
-inline void configure_cluster_kernel() {
+static inline void configure_cluster_kernel() {
   static bool done = false;
   if (done) return;
   allow_smem(cluster_row_norm_kernel<T, W, VEC>);
   done = true;
 }
 
-inline cudaLaunchConfig_t cluster_config(int clusters, int g, size_t smem, cudaStream_t stream,
+static inline cudaLaunchConfig_t cluster_config(int clusters, int g, size_t smem, cudaStream_t stream,
                                          cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(clusters) * unsigned(g));
@@ -155,7 +155,7 @@ inline cudaLaunchConfig_t cluster_config(int clusters, int g, size_t smem, cudaS
 // Clusters of g blocks with `smem` bytes of shared memory each that the device holds at once (0:
 // none fits, e.g. a partition whose GPCs have too few SMs). Asked of the driver once per
 // configuration (float64 kernels take more registers than the others, hence `f64`).
-inline int cluster_capacity(const NormParams& p, int g, size_t smem) {
+static inline int cluster_capacity(const NormParams& p, int g, size_t smem) {
   struct Entry { int dev, f64, g; size_t smem; int clusters; };
   static Entry cache[32];
   static int used = 0;
@@ -188,19 +188,19 @@ inline int cluster_capacity(const NormParams& p, int g, size_t smem) {
   return clusters;
 }
 
-inline size_t cluster_smem(const NormParams& p, int g, int vec) {
+static inline size_t cluster_smem(const NormParams& p, int g, int vec) {
   const int64_t slice_vec = (p.n / vec + g - 1) / g;
   return size_t(slice_vec) * size_t(vec) * size_t(elem_size(p.dtype));
 }
 
 // Blocks per cluster if this call runs on the cluster kernel, else 0.
-inline int cluster_plan(const NormParams& p, const Device& dev, int vec) {
+static inline int cluster_plan(const NormParams& p, const Device& dev, int vec) {
   const int g = cluster_blocks(p, dev);
   return g > 0 && cluster_capacity(p, g, cluster_smem(p, g, vec)) > 0 ? g : 0;
 }
 
 template <typename T, typename W, int VEC>
-inline const char* launch_cluster(const NormParams& p, int g, cudaStream_t stream) {
+static inline const char* launch_cluster(const NormParams& p, int g, cudaStream_t stream) {
   configure_cluster_kernel<T, W, VEC>();
   const size_t smem = cluster_smem(p, g, VEC);
   const int64_t slice_vec = int64_t(smem / sizeof(Vec<T, VEC>));
@@ -213,7 +213,7 @@ inline const char* launch_cluster(const NormParams& p, int g, cudaStream_t strea
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(int(clusters), g, smem, stream, &attr);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, cluster_row_norm_kernel<T, W, VEC>, a, slice_vec);
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  return launch_result(err);
 }
 
 }  // namespace fastnorm

@@ -1,5 +1,9 @@
 // Host-side helpers of the launchers: device properties, alignment and sizes, shared-memory opt-in
-// and occupancy queries (cached per configuration).
+// and occupancy queries (cached per configuration), launch results.
+// Host functions in these headers are static, one copy per translation unit: a kernel template
+// instantiated in several units is a separate kernel in each (no relocatable device code), so state
+// kept per kernel, such as "shared-memory limit raised", must stay with the unit that launches it
+// (shared inline copies left the forward.cu copy configured and the launching one not).
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -10,6 +14,14 @@
 
 namespace fastnorm {
 
+// nullptr on success, else the error's text, cleared: a failed launch (an unsupported configuration)
+// must not stay behind as the last error for the caller's next, unrelated CUDA call.
+static inline const char* launch_result(cudaError_t err) {
+  if (err == cudaSuccess) return nullptr;
+  cudaGetLastError();
+  return cudaGetErrorString(err);
+}
+
 struct Device {
   int sms = 0;
   int coop = 0;
@@ -17,7 +29,7 @@ struct Device {
   int smem_optin = 0;  // shared memory a block may ask for
 };
 
-inline Device device_info() {
+static inline Device device_info() {
   static Device cache[64];
   int dev = 0;
   cudaGetDevice(&dev);
@@ -31,28 +43,28 @@ inline Device device_info() {
   return d;
 }
 
-inline int pow2_at_least(int64_t v) {
+static inline int pow2_at_least(int64_t v) {
   int p = 1;
   while (p < v && p < (1 << 30)) p <<= 1;
   return p;
 }
 
-inline bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+static inline bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-inline int elem_size(int dtype) { return dtype == FN_F64 ? 8 : dtype == FN_F32 ? 4 : 2; }
+static inline int elem_size(int dtype) { return dtype == FN_F64 ? 8 : dtype == FN_F32 ? 4 : 2; }
 
 constexpr int64_t kMaxSmem = 200 << 10;       // dynamic shared memory opt-in limit we ask for
 
 // Shared memory above 48 KB must be asked for once per kernel.
 template <typename Kernel>
-inline void allow_smem(Kernel kernel) {
+static inline void allow_smem(Kernel kernel) {
   cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                        int(kMaxSmem));
 }
 
 // Resident blocks of `kernel` per SM at `threads` threads and `smem` bytes, asked of the driver once
 // per configuration and device.
-inline int blocks_per_sm(const void* kernel, int threads, size_t smem) {
+static inline int blocks_per_sm(const void* kernel, int threads, size_t smem) {
   struct Entry { const void* kernel; int dev, threads; size_t smem; int blocks; };
   static Entry cache[64];
   static int used = 0;

@@ -105,6 +105,11 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src) {
   }
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Groups of copies, for double buffering: commit closes the thread's copies issued so far into a
+// group; wait_group<N> waits until at most N of its groups are still in flight.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Parameters re-read by every wave of the split kernel: loaded with an L2 evict-last policy so
 // that the streamed x and y do not push them out. `release_params` sets them back to normal

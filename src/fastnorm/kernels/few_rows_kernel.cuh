@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kFewRowsThreads) few_rows_kernel(RowArgs<T, W>
 }
 
 template <typename T, typename W, int VEC>
-inline const char* launch_few_rows(const NormParams& p, cudaStream_t stream) {
+static inline const char* launch_few_rows(const NormParams& p, cudaStream_t stream) {
   const int threads = std::max(32, pow2_at_least(p.n / VEC));
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, threads, p.rms};
@@ -76,7 +76,7 @@ inline const char* launch_few_rows(const NormParams& p, cudaStream_t stream) {
     few_rows_kernel<T, W, VEC, false><<<unsigned(p.outer), threads, 0, stream>>>(a);
   }
   const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  return launch_result(err);
 }
 
 }  // namespace fastnorm

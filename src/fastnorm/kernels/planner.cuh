@@ -38,7 +38,7 @@
 namespace fastnorm {
 
 // Vector width of the last-dim kernels: 16 bytes when every pointer and row start allows it.
-inline int row_vec(const NormParams& p) {
+static inline int row_vec(const NormParams& p) {
   const int vec = 16 / elem_size(p.dtype);
   const bool ok = aligned16(p.x) && aligned16(p.y) && aligned16(p.weight) && aligned16(p.bias) &&
                   p.n % vec == 0 && p.x_outer_stride % vec == 0;
@@ -46,21 +46,21 @@ inline int row_vec(const NormParams& p) {
 }
 
 // Tuning overrides are hints: round to a power of two the kernels support.
-inline int threads_hint(const NormParams& p, int lo) {
+static inline int threads_hint(const NormParams& p, int lo) {
   if (p.threads <= 0) return 0;
   int t = lo;
   while (t * 2 <= p.threads && t * 2 <= kMaxRowThreads) t *= 2;
   return t;
 }
 
-inline int split_threads(const NormParams& p) {
+static inline int split_threads(const NormParams& p) {
   const int t = threads_hint(p, 32);
   return t > 0 ? t : kMaxRowThreads;
 }
 
 // Blocks per row wanted for a last-dim call (1: row kernel). Rows whose cache would not fit a block
 // are split; so are the rows of a few-row call, to spread them over the whole chip.
-inline int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
+static inline int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
   if (p.blocks_per_row > 0) return p.blocks_per_row;
   const int64_t row_bytes = p.n * elem_size(p.dtype);
   const bool few_rows = p.outer < sms;
@@ -81,7 +81,7 @@ inline int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
 constexpr int64_t kSplitRows = 32;
 
 // Few long rows: the resident kernel where it takes them, else the three streamed kernels.
-inline bool streamed_rows(const NormParams& p, int sms) {
+static inline bool streamed_rows(const NormParams& p, int sms) {
   const int64_t row_bytes = p.n * elem_size(p.dtype);
   return p.blocks_per_row <= 0 && row_bytes >= kStreamRowBytes && p.outer < sms &&
          !(p.outer >= kSplitRows && row_bytes < kResidentRowBytes);
@@ -96,7 +96,7 @@ struct RowPlan {
 };
 
 template <typename T, typename W, int VEC>
-inline RowPlan plan_rows(const NormParams& p) {
+static inline RowPlan plan_rows(const NormParams& p) {
   using V = Vec<T, VEC>;
   const Device dev = device_info();
   const int64_t nvec = p.n / VEC;
@@ -151,7 +151,7 @@ inline RowPlan plan_rows(const NormParams& p) {
 }
 
 template <typename T, typename W, int VEC>
-inline const char* launch_rows(const NormParams& p, cudaStream_t stream) {
+static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   const Device dev = device_info();
   if constexpr (VEC > 1) {
     const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);
@@ -187,14 +187,14 @@ inline const char* launch_rows(const NormParams& p, cudaStream_t stream) {
     const void* kernel = plan.cache_vec ? reinterpret_cast<const void*>(split_slice_kernel<T, W, VEC>)
                                         : reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC>);
     cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(plan.grid), dim3(plan.threads), args, plan.smem, stream);
-    if (err != cudaSuccess) return cudaGetErrorString(err);
+    if (err != cudaSuccess) return launch_result(err);
   }
   const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  return launch_result(err);
 }
 
 template <typename T, typename W>
-inline const char* dispatch_layout(const NormParams& p, cudaStream_t stream) {
+static inline const char* dispatch_layout(const NormParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   if (p.inner == 1) return row_vec(p) > 1 ? launch_rows<T, W, kVec>(p, stream) : launch_rows<T, W, 1>(p, stream);
   const bool vec_ok = aligned16(p.x) && aligned16(p.y) && p.inner % kVec == 0 && p.x_outer_stride % kVec == 0;

@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1) resident_row_norm_kernel(
 // Workspace of the resident kernel: an arrival counter per row group (kResidentHeader bytes), then
 // the partial moments of every block, double-buffered.
 constexpr int64_t kResidentHeader = int64_t(kMaxResidentGroups) * kArrivalStride * 4;
-inline int64_t grid_rows_workspace(int sms) { return kResidentHeader + 2 * int64_t(sms) * int64_t(sizeof(RowMoments)); }
+static inline int64_t grid_rows_workspace(int sms) { return kResidentHeader + 2 * int64_t(sms) * int64_t(sizeof(RowMoments)); }
 
 // Resident rows: vectors per thread (1..8; 0 when the call does not suit the kernel), parameter
 // slots in shared memory, how the next row is staged (kStage*), and row groups. A next-row buffer
@@ -300,7 +300,7 @@ constexpr int resident_max_k(int elem_bytes) { return elem_bytes == 4 ? 8 : 4; }
 // 32x2097152 one group 73 / 80 -> 75 / 86.5; bf16 32x2097152 split 57.5 / 67 -> 66 / 74-79. Rows of
 // 2 MB (2 vectors a thread in two groups) measured slower than the split kernel (fp32 128x524288 LN
 // 80 -> 57%, bf16 64x1048576 71 -> 48).
-inline int resident_groups(const NormParams& p, const Device& dev, int vec) {
+static inline int resident_groups(const NormParams& p, const Device& dev, int vec) {
   if (!dev.coop || dev.sms > kResidentThreads || vec == 1 || p.blocks_per_row > 0) return 0;
   const int64_t row_bytes = p.n * elem_size(p.dtype);
   const int64_t per_sm = int64_t(kResidentThreads) * resident_max_k(elem_size(p.dtype)) * vec;  // elements an SM holds
@@ -311,7 +311,7 @@ inline int resident_groups(const NormParams& p, const Device& dev, int vec) {
 // The kernel for K vectors a thread and G groups; two groups hold rows of 4 MB up, at least 4
 // vectors a thread, so only those are built.
 template <typename T, typename W, int VEC, int G>
-inline const void* resident_kernel_of(int k) {
+static inline const void* resident_kernel_of(int k) {
   if (k == 8) {
     if constexpr (resident_max_k(sizeof(T)) >= 8) return reinterpret_cast<const void*>(resident_row_norm_kernel<T, W, VEC, 8, G>);
     return nullptr;
@@ -325,12 +325,12 @@ inline const void* resident_kernel_of(int k) {
 }
 
 template <typename T, typename W, int VEC>
-inline const void* resident_kernel(int k, int groups) {
+static inline const void* resident_kernel(int k, int groups) {
   return groups == 2 ? resident_kernel_of<T, W, VEC, 2>(k) : resident_kernel_of<T, W, VEC, 1>(k);
 }
 
 template <typename T, typename W, int VEC>
-inline ResidentPlan resident_plan(const NormParams& p, const Device& dev) {
+static inline ResidentPlan resident_plan(const NormParams& p, const Device& dev) {
   const ResidentPlan none{0, 0, 0, 0, 0};
   const int groups = resident_groups(p, dev, VEC);
   if (groups == 0) return none;
@@ -363,7 +363,7 @@ inline ResidentPlan resident_plan(const NormParams& p, const Device& dev) {
 }
 
 template <typename T, typename W, int VEC>
-inline const char* launch_resident(const NormParams& p, const ResidentPlan& plan, cudaStream_t stream) {
+static inline const char* launch_resident(const NormParams& p, const ResidentPlan& plan, cudaStream_t stream) {
   const Device dev = device_info();
   if (p.workspace == nullptr || p.workspace_bytes < grid_rows_workspace(dev.sms)) return "resident-rows workspace missing or too small";
   SplitWorkspace ws{static_cast<unsigned int*>(p.workspace), static_cast<unsigned char*>(p.workspace) + kResidentHeader};
@@ -374,7 +374,7 @@ inline const char* launch_resident(const NormParams& p, const ResidentPlan& plan
   const unsigned grid = unsigned(dev.sms / plan.groups * plan.groups);
   const cudaError_t err = cudaLaunchCooperativeKernel(resident_kernel<T, W, VEC>(plan.k, plan.groups), dim3(grid),
                                                       dim3(kResidentThreads), args, plan.smem, stream);
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  return launch_result(err);
 }
 
 }  // namespace fastnorm

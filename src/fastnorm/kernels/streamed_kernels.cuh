@@ -85,10 +85,10 @@ __global__ void __launch_bounds__(kStreamThreads) stream_apply_kernel(RowArgs<T,
 }
 
 // Workspace of the streamed path: partial statistics [rows][chunks], then per-row Affine.
-inline int64_t stream_chunks(const NormParams& p, int vec) { return (p.n / vec + kStreamChunkVec - 1) / kStreamChunkVec; }
+static inline int64_t stream_chunks(const NormParams& p, int vec) { return (p.n / vec + kStreamChunkVec - 1) / kStreamChunkVec; }
 
 template <typename T, typename W, int VEC>
-inline const char* launch_streamed(const NormParams& p, cudaStream_t stream) {
+static inline const char* launch_streamed(const NormParams& p, cudaStream_t stream) {
   using A = typename AccOf<T>::type;
   const int64_t chunks = stream_chunks(p, VEC);
   const int64_t need = p.outer * chunks * int64_t(sizeof(Stats<A>)) + p.outer * int64_t(sizeof(Affine<A>));
@@ -106,7 +106,7 @@ inline const char* launch_streamed(const NormParams& p, cudaStream_t stream) {
   const int64_t blocks = (p.n / VEC + per_block - 1) / per_block;
   stream_apply_kernel<T, W, VEC><<<unsigned(blocks), kStreamThreads, 0, stream>>>(a, affine);
   const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  return launch_result(err);
 }
 
 }  // namespace fastnorm

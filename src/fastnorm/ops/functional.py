@@ -2,6 +2,7 @@
 import torch
 
 from fastnorm.ops import extension, norm_ops  # norm_ops registers torch.ops.fastnorm.*
+from fastnorm.ops.direct import direct_call_ok
 from fastnorm.ops.validate import check_affine, norm_dims
 
 _Tensor = torch.Tensor
@@ -18,30 +19,6 @@ def _fast_entry(x):
     return _built.get("cuda" if x.is_cuda else "cpu")
 
 
-_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
-if _dispatch_modes is None:  # older torch
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    def _dispatch_modes():
-        return _get_current_dispatch_mode() is not None
-
-
-def _direct_call_ok(*tensors) -> bool:
-    """True when the custom op's dispatch would add nothing: no autograd to record, no tracing or
-    dispatch mode, plain tensors. Then the kernel is called directly, saving microseconds of host
-    time per call (what decides small shapes)."""
-    if torch.compiler.is_compiling() or _dispatch_modes():  # this order: dynamo must not trace the second
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) is not torch.Tensor or (grad and t.requires_grad) or _is_wrapped(t):
-            return False
-    return True
-
-
 def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e-5, *, dim=None):
     """LayerNorm of `x` over its trailing `normalized_shape` dims, or over the consecutive dims `dim`.
 
@@ -55,7 +32,7 @@ def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e
             return y
     begin, end = norm_dims(x, normalized_shape, dim, "layer_norm")
     check_affine(x, begin, end, "layer_norm", weight=weight, bias=bias)
-    if _direct_call_ok(x, weight, bias):
+    if direct_call_ok(x, weight, bias):
         return norm_ops.layer_norm_kernel(x, begin, end, weight, bias, float(eps))
     return torch.ops.fastnorm.layer_norm(x, begin, end, weight, bias, float(eps))
 
@@ -74,6 +51,6 @@ def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None):
     check_affine(x, begin, end, "rms_norm", weight=weight)
     if eps is None:
         eps = torch.finfo(x.dtype).eps
-    if _direct_call_ok(x, weight):
+    if direct_call_ok(x, weight):
         return norm_ops.rms_norm_kernel(x, begin, end, weight, float(eps))
     return torch.ops.fastnorm.rms_norm(x, begin, end, weight, float(eps))

@@ -1,15 +1,21 @@
-"""The custom ops torch.ops.fastnorm.layer_norm / rms_norm: kernels, fake (meta) functions, autograd.
+"""The custom ops torch.ops.fastnorm.layer_norm / rms_norm / norm_backward: kernels, fake (meta)
+functions, autograd.
 
-Registered through torch.library so torch.compile sees one opaque op (no graph break). Backward is
-analytic, written with PyTorch ops in float32 (float64 for double), until backward kernels land.
+Registered through torch.library so torch.compile sees opaque ops (no graph break), the backward
+included. Autograd saves x and the parameters only: the backward kernels recompute each row's
+statistics during their own first read of x, which costs no extra pass over memory.
 """
 import torch
 
 from fastnorm.ops import extension
+from fastnorm.ops.direct import direct_call_ok
 
 _lib = torch.library.Library("fastnorm", "DEF")
 _lib.define("layer_norm(Tensor x, int begin_dim, int end_dim, Tensor? weight, Tensor? bias, float eps) -> Tensor")
 _lib.define("rms_norm(Tensor x, int begin_dim, int end_dim, Tensor? weight, float eps) -> Tensor")
+# Gradients (dx, dweight, dbias) of either norm; an output not asked for (need_*) is an empty tensor.
+_lib.define("norm_backward(Tensor dy, Tensor x, int begin_dim, int end_dim, Tensor? weight, Tensor? bias, "
+            "float eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias) -> (Tensor, Tensor, Tensor)")
 
 
 def layer_norm_kernel(x, begin_dim, end_dim, weight, bias, eps):
@@ -22,9 +28,21 @@ def rms_norm_kernel(x, begin_dim, end_dim, weight, eps):
     return extension.load(x.device.type).norm_forward(x, weight, None, begin_dim, end_dim, eps, True, 0, 0)
 
 
+def norm_backward_kernel(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias):
+    """The backward kernels: dweight / dbias come back in the dtype and shape of weight / bias."""
+    dx, dw, db = extension.load(x.device.type).norm_backward(
+        dy, x, weight, bias, begin_dim, end_dim, eps, rms, need_dx, need_dweight, need_dbias)
+    if need_dweight:
+        dw = dw.reshape(weight.shape).to(weight.dtype)
+    if need_dbias:
+        db = db.reshape(bias.shape).to(bias.dtype)
+    return dx, dw, db
+
+
 for _key in ("CPU", "CUDA"):
     _lib.impl("layer_norm", layer_norm_kernel, _key)
     _lib.impl("rms_norm", rms_norm_kernel, _key)
+    _lib.impl("norm_backward", norm_backward_kernel, _key)
 
 
 @torch.library.register_fake("fastnorm::layer_norm")
@@ -37,58 +55,39 @@ def _rms_norm_fake(x, begin_dim, end_dim, weight, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _stats_view(x, begin_dim, end_dim):
-    """x in its accumulation dtype, the reduced dims, and the shape that broadcasts a weight."""
-    acc = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
-    dims = tuple(range(begin_dim, end_dim))
-    wshape = tuple(x.shape[begin_dim:end_dim]) + (1,) * (x.dim() - end_dim)
-    return acc, dims, wshape
-
-
-def _backward_common(ctx, grad, rms):
-    x, weight = ctx.saved_tensors[0], ctx.saved_tensors[1]
-    acc, dims, wshape = _stats_view(x, ctx.begin_dim, ctx.end_dim)
-    g = grad.to(acc.dtype)
-    if rms:
-        rstd = torch.rsqrt(acc.pow(2).mean(dims, keepdim=True) + ctx.eps)
-        xhat = acc * rstd
-    else:
-        mean = acc.mean(dims, keepdim=True)
-        centered = acc - mean
-        rstd = torch.rsqrt(centered.pow(2).mean(dims, keepdim=True) + ctx.eps)
-        xhat = centered * rstd
-    gy = g * weight.to(acc.dtype).reshape(wshape) if weight is not None else g
-    dx = None
-    if ctx.needs_input_grad[0]:
-        proj = (gy * xhat).mean(dims, keepdim=True)
-        inner = gy - xhat * proj if rms else gy - gy.mean(dims, keepdim=True) - xhat * proj
-        dx = (rstd * inner).to(x.dtype)
-    other = tuple(d for d in range(x.dim()) if d not in dims)
-    dw = db = None
-    if weight is not None and ctx.needs_input_grad[3]:
-        dw = (g * xhat).sum(other).reshape(weight.shape).to(weight.dtype)
-    if not rms and ctx.has_bias and ctx.needs_input_grad[4]:
-        db = g.sum(other).reshape(ctx.bias_shape).to(ctx.bias_dtype)
+@torch.library.register_fake("fastnorm::norm_backward")
+def _norm_backward_fake(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias):
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else x.new_empty(0)
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dweight else x.new_empty(0)
+    db = torch.empty_like(bias, memory_format=torch.contiguous_format) if need_dbias else x.new_empty(0)
     return dx, dw, db
 
 
 def _setup_context(ctx, inputs, output):
     x, begin_dim, end_dim, weight = inputs[:4]
-    ctx.begin_dim, ctx.end_dim, ctx.eps = begin_dim, end_dim, inputs[-1]
     bias = inputs[4] if len(inputs) == 6 else None
-    ctx.has_bias = bias is not None
-    if bias is not None:
-        ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
-    ctx.save_for_backward(x, weight)
+    ctx.begin_dim, ctx.end_dim, ctx.eps = begin_dim, end_dim, inputs[-1]
+    ctx.save_for_backward(x, weight, bias)
+
+
+def _backward(ctx, grad, rms):
+    x, weight, bias = ctx.saved_tensors
+    need_dx, need_dw = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[3]
+    need_db = bias is not None and ctx.needs_input_grad[4]
+    # Straight to the kernels when nothing traces or records the backward (host time is most of a
+    # small call), else through the op, which torch.compile and double-backward checks see.
+    backward = norm_backward_kernel if direct_call_ok(grad, x, weight, bias) else torch.ops.fastnorm.norm_backward
+    dx, dw, db = backward(grad, x, ctx.begin_dim, ctx.end_dim, weight, bias, ctx.eps, rms, need_dx, need_dw, need_db)
+    return (dx if need_dx else None), (dw if need_dw else None), (db if need_db else None)
 
 
 def _layer_norm_backward(ctx, grad):
-    dx, dw, db = _backward_common(ctx, grad, rms=False)
+    dx, dw, db = _backward(ctx, grad, rms=False)
     return dx, None, None, dw, db, None
 
 
 def _rms_norm_backward(ctx, grad):
-    dx, dw, _ = _backward_common(ctx, grad, rms=True)
+    dx, dw, _ = _backward(ctx, grad, rms=True)
     return dx, None, None, dw, None
 
 

@@ -1,0 +1,242 @@
+"""Backward kernels (CPU and CUDA) against float64 autograd: every layout, kernel path and dtype.
+
+dx, dweight and dbias of fastnorm's ops are compared with torch.autograd on a float64 reference
+(x, dy, weight, bias upcast), relative to each gradient's scale; dweight / dbias must also be bitwise
+reproducible from run to run.
+"""
+import pytest
+import torch
+
+import fastnorm
+
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+# Max |grad - ref| relative to max |ref| (at least 1e-3 of it: tiny gradients are all rounding).
+TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 4e-2}
+
+
+def _dims(x, begin, end):
+    return tuple(range(begin, end))
+
+
+def reference_grads(x, dy, begin, end, weight, bias, eps, rms):
+    """(dx, dweight, dbias) of LayerNorm / RMSNorm over dims [begin, end), by float64 autograd."""
+    xd = x.detach().double().requires_grad_()
+    wd = None if weight is None else weight.detach().double().requires_grad_()
+    bd = None if bias is None else bias.detach().double().requires_grad_()
+    dims = _dims(x, begin, end)
+    shape = tuple(x.shape[begin:end]) + (1,) * (x.dim() - end)
+    if rms:
+        y = xd * torch.rsqrt(xd.pow(2).mean(dims, keepdim=True) + eps)
+    else:
+        centered = xd - xd.mean(dims, keepdim=True)
+        y = centered * torch.rsqrt(centered.pow(2).mean(dims, keepdim=True) + eps)
+    if wd is not None:
+        y = y * wd.reshape(shape)
+    if bd is not None:
+        y = y + bd.reshape(shape)
+    inputs = [t for t in (xd, wd, bd) if t is not None]
+    grads = list(torch.autograd.grad(y, inputs, dy.double()))
+    dx = grads.pop(0)
+    dw = grads.pop(0) if wd is not None else None
+    db = grads.pop(0) if bd is not None else None
+    return dx, dw, db
+
+
+def fastnorm_grads(x, dy, begin, end, weight, bias, eps, rms):
+    x = x.detach().requires_grad_()
+    params = [t.detach().requires_grad_() if t is not None else None for t in (weight, bias)]
+    dims = _dims(x, begin, end)
+    if rms:
+        y = fastnorm.rms_norm(x, None, params[0], eps, dim=dims)
+    else:
+        y = fastnorm.layer_norm(x, None, params[0], params[1], eps, dim=dims)
+    y.backward(dy)
+    return x.grad, params[0].grad if params[0] is not None else None, params[1].grad if params[1] is not None else None
+
+
+def assert_close(name, got, ref, dtype):
+    assert got is not None and ref is not None, f"{name}: missing gradient"
+    assert got.shape == ref.shape and got.dtype == dtype, f"{name}: {got.shape} {got.dtype}"
+    assert torch.isfinite(got).all(), f"{name}: non-finite values"
+    scale = ref.abs().max().item()
+    err = (got.double() - ref).abs().max().item() / max(scale, 1e-30)
+    assert err <= TOL[dtype], f"{name}: max error {err:.3g} relative to {scale:.3g} > {TOL[dtype]:g}"
+
+
+def run_case(device, shape, begin, end, dtype, affine, rms, offset=0.0, wdtype=None, eps=1e-5, dy_transposed=False):
+    x = torch.randn(shape, device=device, dtype=torch.float64).to(dtype) + offset
+    dy = torch.randn(shape, device=device, dtype=dtype)
+    if dy_transposed and dy.dim() >= 2:  # a non-contiguous gradient with the same values
+        dy = dy.transpose(0, 1).contiguous().transpose(0, 1)
+    wshape = tuple(shape[begin:end])
+    weight = bias = None
+    if affine:
+        weight = (1 + 0.5 * torch.randn(wshape, device=device, dtype=torch.float64)).to(wdtype or dtype)
+        bias = None if rms else (0.5 * torch.randn(wshape, device=device, dtype=torch.float64)).to(wdtype or dtype)
+    got = fastnorm_grads(x, dy, begin, end, weight, bias, eps, rms)
+    ref = reference_grads(x, dy, begin, end, weight, bias, eps, rms)
+    assert_close("dx", got[0], ref[0], dtype)
+    if weight is not None:
+        assert_close("dweight", got[1], ref[1], weight.dtype)
+    if bias is not None:
+        assert_close("dbias", got[2], ref[2], bias.dtype)
+    return got
+
+
+# (shape, begin, end): last-dim rows through each CUDA path (fused rows: short, tiny, one row a
+# block; long rows: beyond 1024 threads x 8 elements, unaligned long rows), and channel axes.
+LAYOUTS = [
+    ((64, 1024), 1, 2), ((8, 1), 1, 2), ((5, 3), 1, 2), ((33, 257), 1, 2), ((16, 4096), 1, 2),
+    ((3, 8192), 1, 2), ((4, 20000), 1, 2), ((2, 3, 1000), 2, 3), ((6, 16384), 1, 2), ((3, 5001), 1, 2),
+    ((2, 8, 4, 4), 1, 2), ((3, 5, 7, 9), 1, 2), ((2, 16, 33), 1, 2), ((2, 64, 4, 8), 1, 3),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{'x'.join(map(str, l[0]))}-d{l[1]}")
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_gradients_match_float64(device, layout, rms, dtype):
+    shape, begin, end = layout
+    run_case(device, shape, begin, end, dtype, affine=True, rms=rms)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64], ids=["f16", "f64"])
+@pytest.mark.parametrize("layout", [((48, 512), 1, 2), ((3, 9000), 1, 2), ((2, 6, 5, 5), 1, 2)],
+                         ids=["rows", "long", "channel"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_other_dtypes(device, dtype, layout, rms):
+    shape, begin, end = layout
+    run_case(device, shape, begin, end, dtype, affine=True, rms=rms)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", [((32, 768), 1, 2), ((4, 12000), 1, 2), ((2, 12, 6, 6), 1, 2)],
+                         ids=["rows", "long", "channel"])
+@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
+def test_without_weight_or_bias(device, layout, affine):
+    shape, begin, end = layout
+    x = torch.randn(shape, device=device)
+    dy = torch.randn(shape, device=device)
+    wshape = shape[begin:end]
+    weight = torch.randn(wshape, device=device) if affine == "weight" else None
+    bias = torch.randn(wshape, device=device) if affine == "bias" else None
+    got = fastnorm_grads(x, dy, begin, end, weight, bias, 1e-5, False)
+    ref = reference_grads(x, dy, begin, end, weight, bias, 1e-5, False)
+    assert_close("dx", got[0], ref[0], torch.float32)
+    if bias is not None:
+        assert_close("dbias", got[2], ref[2], torch.float32)
+    if weight is not None:
+        assert_close("dweight", got[1], ref[1], torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", [((64, 1024), 1, 2), ((4, 20000), 1, 2), ((2, 8, 4, 4), 1, 2)],
+                         ids=["rows", "long", "channel"])
+@pytest.mark.parametrize("offset", [1000.0, "rand"])
+def test_offsets_and_uniform_inputs(device, layout, offset):
+    """x + 1000 (statistics about a shift must keep their precision) and torch.rand inputs."""
+    shape, begin, end = layout
+    if offset == "rand":
+        x = torch.rand(shape, device=device)
+        dy = torch.randn(shape, device=device)
+        w = torch.rand(shape[begin:end], device=device)
+        got = fastnorm_grads(x, dy, begin, end, w, None, 1e-5, False)
+        ref = reference_grads(x, dy, begin, end, w, None, 1e-5, False)
+        assert_close("dx", got[0], ref[0], torch.float32)
+        assert_close("dweight", got[1], ref[1], torch.float32)
+        return
+    for rms in (False, True):
+        run_case(device, shape, begin, end, torch.float32, affine=True, rms=rms, offset=offset)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_input_float32_weight(device):
+    run_case(device, (96, 2048), 1, 2, torch.bfloat16, affine=True, rms=False, wdtype=torch.float32)
+    run_case(device, (2, 40000), 1, 2, torch.bfloat16, affine=True, rms=True, wdtype=torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_gradient_and_strided_input(device):
+    run_case(device, (64, 96), 1, 2, torch.float32, affine=True, rms=False, dy_transposed=True)
+    base = torch.randn(40, 130, device=device)
+    x = base[:, 1:129]  # rows 130 elements apart, starting misaligned
+    dy = torch.randn(40, 128, device=device)
+    w = torch.randn(128, device=device)
+    got = fastnorm_grads(x, dy, 1, 2, w, None, 1e-6, True)
+    ref = reference_grads(x, dy, 1, 2, w, None, 1e-6, True)
+    assert_close("dx", got[0], ref[0], torch.float32)
+    assert_close("dweight", got[1], ref[1], torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", [((1000, 1024), 1, 2), ((8, 65536), 1, 2), ((8, 32, 16, 16), 1, 2)],
+                         ids=["rows", "long", "channel"])
+def test_weight_gradients_are_reproducible(device, layout):
+    shape, begin, end = layout
+    x = torch.randn(shape, device=device)
+    dy = torch.randn(shape, device=device)
+    w = torch.randn(shape[begin:end], device=device)
+    b = torch.randn(shape[begin:end], device=device)
+    first = fastnorm_grads(x, dy, begin, end, w, b, 1e-5, False)
+    for _ in range(2):
+        again = fastnorm_grads(x, dy, begin, end, w, b, 1e-5, False)
+        for a, b_ in zip(first, again):
+            assert torch.equal(a, b_), "gradients differ between identical runs"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", [((3, 7), 1, 2), ((2, 3, 4), 1, 3), ((2, 3, 2, 2), 1, 2)], ids=["rows", "2dims", "channel"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_gradcheck_float64(device, layout, rms):
+    shape, begin, end = layout
+    dims = _dims(torch.empty(shape), begin, end)
+    x = torch.randn(shape, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(shape[begin:end], device=device, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(shape[begin:end], device=device, dtype=torch.float64, requires_grad=True)
+    if rms:
+        assert torch.autograd.gradcheck(lambda x, w: fastnorm.rms_norm(x, None, w, 1e-5, dim=dims), (x, w))
+    else:
+        assert torch.autograd.gradcheck(lambda x, w, b: fastnorm.layer_norm(x, None, w, b, 1e-5, dim=dims), (x, w, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_and_only_parameter_gradients(device):
+    x = torch.randn(0, 16, device=device, requires_grad=True)
+    w = torch.randn(16, device=device, requires_grad=True)
+    fastnorm.rms_norm(x, (16,), w).sum().backward()
+    assert x.grad.shape == (0, 16) and torch.equal(w.grad, torch.zeros(16, device=device))
+    x = torch.randn(8, 16, device=device)  # no grad for x: only dweight is computed
+    w = torch.randn(16, device=device, requires_grad=True)
+    dy = torch.randn(8, 16, device=device)
+    fastnorm.rms_norm(x, (16,), w, 1e-6).backward(dy)
+    ref = reference_grads(x, dy, 1, 2, w, None, 1e-6, True)[1]
+    assert_close("dweight", w.grad, ref, torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_seed_layer_norm_shape_trains():
+    """The LayerNorm seed's shape (rows of 4M elements: the long-row backward) in fp32."""
+    shape = (16, 64, 256, 256)
+    x = torch.randn(shape, device="cuda")
+    dy = torch.randn(shape, device="cuda")
+    w = torch.randn(shape[1:], device="cuda")
+    b = torch.randn(shape[1:], device="cuda")
+    got = fastnorm_grads(x, dy, 1, 4, w, b, 1e-5, False)
+    ref = reference_grads(x, dy, 1, 4, w, b, 1e-5, False)
+    for name, g, r in zip(("dx", "dweight", "dbias"), got, ref):
+        assert_close(name, g, r, torch.float32)
+
+
+def test_bad_gradient_gets_a_clear_error():
+    from fastnorm.ops import extension
+
+    ext = extension.load("cpu")
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="grad has shape"):
+        ext.norm_backward(torch.randn(4, 9), x, None, None, 1, 2, 1e-5, True, True, False, False)
+    with pytest.raises(RuntimeError, match="grad dtype"):
+        ext.norm_backward(torch.randn(4, 8, dtype=torch.float64), x, None, None, 1, 2, 1e-5, True, True, False, False)
