@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from fastnorm.benchsuite import suites
-from fastnorm.benchsuite.cases import BenchCase, eager_fn, make_inputs
+from fastnorm.bench import suites
+from fastnorm.bench.cases import BenchCase, eager_fn, make_inputs
 
 
 def test_seed_layer_norm_bytes_count_x_y_weight_and_bias():

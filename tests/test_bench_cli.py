@@ -11,8 +11,8 @@ import torch
 from test_bench_png import read_png
 
 import fastnorm
-from fastnorm import bench
-from fastnorm.benchsuite import report, suites
+from fastnorm.bench import cli
+from fastnorm.bench import report, suites
 
 SRC = Path(fastnorm.__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_cpu_quick_suite_end_to_end(tmp_path):
 
 def test_default_output_paths_and_filters(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    rc = bench.main(["--device", "cpu", "--quick", "--suite", "latency", "--op", "rms", "--dtype", "bf16",
+    rc = cli.main(["--device", "cpu", "--quick", "--suite", "latency", "--op", "rms", "--dtype", "bf16",
                      "--markdown", "--timing", "host"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -69,19 +69,19 @@ def test_default_output_paths_and_filters(tmp_path, monkeypatch, capsys):
 def test_bad_arguments_exit_with_usage_errors(capsys):
     for bad in (["--suite", "nope"], ["--timing", "wall"]):
         with pytest.raises(SystemExit) as info:
-            bench.main(bad)
+            cli.main(bad)
         assert info.value.code == 2
-    assert bench.main(["--device", "cpu", "--suite", "latency", "--dtype", "fp32"]) == 2  # no rows match
+    assert cli.main(["--device", "cpu", "--suite", "latency", "--dtype", "fp32"]) == 2  # no rows match
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
-            bench.main(["--device", "cuda"])
+            cli.main(["--device", "cuda"])
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_latency_rows_end_to_end(tmp_path):
     json_path = tmp_path / "gpu.json"
-    rc = bench.main(["--quick", "--suite", "latency", "--no-compile", "--json", str(json_path)])
+    rc = cli.main(["--quick", "--suite", "latency", "--no-compile", "--json", str(json_path)])
     doc = json.loads(json_path.read_text())
     assert rc == 0 and doc["device_type"] == "cuda" and doc["copy_bandwidth_gbs"] > 100
     assert all(r["check"]["ok"] and r["impls"]["fastnorm"]["median_us"] > 0 for r in doc["rows"])

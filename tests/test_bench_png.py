@@ -4,10 +4,10 @@ import zlib
 
 from bench_fakes import fake_row
 
-from fastnorm.benchsuite import chart
-from fastnorm.benchsuite.cases import BenchCase
-from fastnorm.benchsuite.png import Canvas, encode_png
-from fastnorm.benchsuite.runner import RowResult
+from fastnorm.bench import chart
+from fastnorm.bench.cases import BenchCase
+from fastnorm.bench.png import Canvas, encode_png
+from fastnorm.bench.runner import RowResult
 
 
 def read_png(data: bytes):

@@ -5,10 +5,10 @@ import math
 import torch
 from bench_fakes import fake_row
 
-from fastnorm.benchsuite import report
-from fastnorm.benchsuite.cases import BenchCase
-from fastnorm.benchsuite.check import CheckResult
-from fastnorm.benchsuite.runner import RowResult
+from fastnorm.bench import report
+from fastnorm.bench.cases import BenchCase
+from fastnorm.bench.check import CheckResult
+from fastnorm.bench.runner import RowResult
 
 IMPL_KEYS = {"median_us", "min_us", "iqr_us", "gbs", "pct_copy"}
 

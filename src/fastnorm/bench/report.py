@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fastnorm.benchsuite.runner import IMPLS, ImplResult, RowResult
+from fastnorm.bench.runner import IMPLS, ImplResult, RowResult
 
 _IMPL_KEYS = ("median_us", "min_us", "iqr_us", "trials", "gbs", "pct_copy")
 

@@ -1,6 +1,6 @@
 """The rows `fastnorm bench` runs: a GPU suite (the two seed problems, the last-dim shapes, small
 latency rows), a scaled-down CPU suite of the same kinds, and the `--quick` subsets of both."""
-from fastnorm.benchsuite.cases import BenchCase
+from fastnorm.bench.cases import BenchCase
 
 SUITES = ("seed", "lastdim", "latency")
 

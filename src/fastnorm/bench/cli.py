@@ -11,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-from fastnorm.benchsuite import report, suites
-from fastnorm.benchsuite.cases import OPS
-from fastnorm.benchsuite.chart import write_chart
-from fastnorm.benchsuite.runner import Runner, TimingPlan
-from fastnorm.benchsuite.table import fmt_bytes, format_table
+from fastnorm.bench import report, suites
+from fastnorm.bench.cases import OPS
+from fastnorm.bench.chart import write_chart
+from fastnorm.bench.runner import Runner, TimingPlan
+from fastnorm.bench.table import fmt_bytes, format_table
 
 OP_ALIASES = {"ln": "layer_norm", "layernorm": "layer_norm", "rms": "rms_norm", "rmsnorm": "rms_norm",
               **{op: op for op in OPS}}

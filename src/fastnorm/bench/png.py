@@ -2,7 +2,7 @@
 import struct
 import zlib
 
-from fastnorm.benchsuite import font5x7
+from fastnorm.bench import font5x7
 
 
 class Canvas:

@@ -3,8 +3,8 @@
 import math
 from pathlib import Path
 
-from fastnorm.benchsuite.png import Canvas
-from fastnorm.benchsuite.runner import IMPLS
+from fastnorm.bench.png import Canvas
+from fastnorm.bench.runner import IMPLS
 
 COLORS = {"fastnorm": (31, 119, 180), "eager": (150, 150, 150), "compile": (255, 127, 14)}
 LEGEND = {"fastnorm": "fastnorm", "eager": "PyTorch eager", "compile": "torch.compile"}
