@@ -115,8 +115,9 @@ def test_chart_from_draws_the_committed_results(tmp_path, capsys):
 
 def test_chart_from_a_file_that_is_not_a_bench_json_is_an_error(tmp_path, capsys):
     bad = tmp_path / "x.json"
-    bad.write_text("[1, 2]")
-    assert bench_main(["--chart-from", str(bad)]) == 2
+    for text in ("[1, 2]", '{"rows": []}', "{"):
+        bad.write_text(text)
+        assert bench_main(["--chart-from", str(bad)]) == 2
     assert bench_main(["--chart-from", str(tmp_path / "missing.json")]) == 2
     assert "not a bench JSON" in capsys.readouterr().out
     assert not list(tmp_path.glob("*.png"))

@@ -38,7 +38,7 @@ def _figure(width_px: int, height_px: int):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    # Constrained layout with 0.1 inch around the axes (a dict: the form matplotlib 3.5 to 3.11 all take).
+    # Constrained layout, 0.1 inch around the axes (as a dict: the form old and new matplotlib both take).
     fig = Figure(figsize=(width_px / DPI, height_px / DPI), dpi=DPI,
                  constrained_layout={"w_pad": 0.1, "h_pad": 0.1})
     FigureCanvasAgg(fig)
@@ -151,7 +151,7 @@ def bar_chart(doc: dict, path: Path) -> Path:
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1} if i else None)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([row_label(r) for r in rows], fontfamily="monospace", fontsize=9)
-    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)
     ax.set_xlim(0, right)
     ax.set_xticks(range(0, top + 1, 25 if top <= 150 else 50))
     ax.xaxis.set_major_formatter(_percent_formatter())
@@ -175,6 +175,9 @@ def row_length_chart(doc: dict, path: Path, suites) -> Optional[Path]:
             and row_length(r) is not None]
     if not rows:
         return None
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import LogLocator
+
     impls, dtypes, ops = implementations(doc), _ordered(r["dtype"] for r in rows), _ordered(r["op"] for r in rows)
     palette = colors(impls)
     fig = _figure(WIDTH_PX, ROWS_CHART_HEIGHT_PX)
@@ -196,7 +199,7 @@ def row_length_chart(doc: dict, path: Path, suites) -> Optional[Path]:
                 ax.plot(xs, ys, color=palette[name], linestyle="-" if len(set(xs)) == len(xs) else "none",
                         linewidth=1, alpha=0.9, **_marker(op, palette[name]))
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(_log_locator(tick_base))
+        ax.xaxis.set_major_locator(LogLocator(base=tick_base))
         ax.xaxis.set_major_formatter(_elements_formatter())
         ax.set_ylim(0, top)
         ax.axhline(100, color="black", linewidth=1.2)
@@ -207,8 +210,6 @@ def row_length_chart(doc: dict, path: Path, suites) -> Optional[Path]:
             ax.tick_params(labelleft=False)
     axes[0].set_ylabel("% of copy bandwidth")
     axes[0].yaxis.set_major_formatter(_percent_formatter())
-    from matplotlib.lines import Line2D
-
     handles = [Line2D([], [], color=palette[n], linewidth=6) for n in impls]
     handles += [Line2D([], [], linestyle="none", **_marker(op, "#444444")) for op in ops]
     labels = [LEGEND.get(n, n) for n in impls] + [OP_NAMES.get(op, op) for op in ops]
@@ -252,19 +253,13 @@ def _legend(ax, entries):
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=c, label=label) for c, label in entries], loc="lower left",
-              bbox_to_anchor=(0.0, 1.0), ncol=len(entries), frameon=False, fontsize=9)
+              bbox_to_anchor=(0.0, 1.0), ncol=max(1, len(entries)), frameon=False, fontsize=9)
 
 
 def _percent_formatter():
     from matplotlib.ticker import FuncFormatter
 
     return FuncFormatter(lambda value, _: f"{value:.0f}%")
-
-
-def _log_locator(base: int):
-    from matplotlib.ticker import LogLocator
-
-    return LogLocator(base=base)
 
 
 def _elements_formatter():

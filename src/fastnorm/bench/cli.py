@@ -99,8 +99,8 @@ def chart_from(json_path: Path, chart_path) -> int:
     """--chart-from: the charts of a JSON written earlier (e.g. the committed results), nothing run."""
     try:
         doc = json.loads(json_path.read_text())
-        if not isinstance(doc.get("rows"), list):
-            raise ValueError("no 'rows' list")
+        if not isinstance(doc.get("rows"), list) or not doc["rows"]:
+            raise ValueError("no rows")
     except (OSError, ValueError, AttributeError) as exc:
         log(f"fastnorm bench: --chart-from {json_path}: not a bench JSON ({exc})")
         return 2
