@@ -19,7 +19,8 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS.values():
         parser = sub.add_parser(command.name, help=command.purpose.replace("%", "%%"), description=command.purpose,
                                 epilog=f"example: {command.example}")
-        command.configure(parser)
+        if command.configure is not None:
+            command.configure(parser)
         parser.set_defaults(run=command.run)
     return p
 

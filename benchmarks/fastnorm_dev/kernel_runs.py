@@ -121,10 +121,6 @@ def _profile_case(text):
     return name, dt, op, impl
 
 
-def _no_args(p):
-    pass
-
-
 def _repro_args(p):
     p.add_argument("shape", type=parse_shape, metavar="ROWSxN")
     p.add_argument("dtype", type=_torch_dtype, metavar="DTYPE", help="a torch dtype name: float32, bfloat16, ...")
@@ -133,19 +129,19 @@ def _repro_args(p):
 
 def _profile_args(p):
     p.add_argument("cases", nargs="+", type=_profile_case, metavar="CASE",
-                   help=f"CASE[:dtype[:op[:impl]]] with CASE one of {', '.join(PROFILE_CASES)}; dtype fp32 (default) or bf16; op ln (default) "
+                   help=f"CASE[:dtype[:op[:impl]]] with CASE one of {', '.join(PROFILE_CASES)}; dtype fp32 "
+                        "(default) or bf16; op ln (default) "
                         "or rms; impl fastnorm (default) or compile (torch.compile of the eager op, to profile "
                         "the Triton kernel it generates); rms_seed is the channel RMSNorm seed (op ignored)")
 
 
 COMMANDS = (
     Command("sanitize", "every CUDA kernel path once on small inputs, for compute-sanitizer (memcheck, "
-            "racecheck)", "compute-sanitizer --tool memcheck python benchmarks/devtool.py sanitize",
-            _no_args, run_sanitize),
+            "racecheck)", "compute-sanitizer --tool memcheck python benchmarks/devtool.py sanitize", run_sanitize),
     Command("repro", "one normalization call given on the command line (for compute-sanitizer)",
-            "devtool.py repro 3x4194304 bfloat16 ln", _repro_args, run_repro),
+            "devtool.py repro 3x4194304 bfloat16 ln", run_repro, _repro_args),
     Command("profile", "a few cases: two warm-up calls, then one between cudaProfilerStart/Stop, for "
             "ncu --profile-from-start off (torch.compile's first call compiles and may tune)",
-            "ncu --profile-from-start off python benchmarks/devtool.py profile ln_seed:bf16",
-            _profile_args, run_profile),
+            "ncu --profile-from-start off python benchmarks/devtool.py profile ln_seed:bf16", run_profile,
+            _profile_args),
 )

@@ -154,10 +154,6 @@ def _sweep_args(p):
     p.add_argument("--quick", action="store_true", help="the planner's choice (threads=0) only, no torch.compile")
 
 
-def _no_args(p):
-    pass
-
-
 def _ab_args(p):
     p.usage = "devtool.py ab [-h] VARIANT [VARIANT ...] -- SHAPE [SHAPE ...]"
     p.set_defaults(takes_rest=True)  # the shapes, after --
@@ -169,14 +165,14 @@ def _ab_args(p):
 
 COMMANDS = (
     Command("sweep", "device time (% of copy) of the last-dim kernels under each threads-per-row override "
-            "(0 = the planner's choice), against torch.compile", "devtool.py sweep 16384x4096 --quick",
-            _sweep_args, run_sweep),
+            "(0 = the planner's choice), against torch.compile", "devtool.py sweep 16384x4096 --quick", run_sweep,
+            _sweep_args),
     Command("split", "device time of the split-row kernel under several (threads, blocks_per_row) overrides "
-            "on long rows", "devtool.py split", _no_args, run_split),
+            "on long rows", "devtool.py split", run_split),
     Command("configs", "every threads x blocks_per_row override the solver may try, on several layouts, "
             "checked against float64 (run with CUDA_LAUNCH_BLOCKING=1 to name a failing one at once)",
-            "CUDA_LAUNCH_BLOCKING=1 devtool.py configs", _no_args, run_configs),
+            "CUDA_LAUNCH_BLOCKING=1 devtool.py configs", run_configs),
     Command("ab", "same-process A/B of switches read from environment variables at each call: float64 error "
             "and % of copy of each variant over alternating rounds",
-            "devtool.py ab FASTNORM_X=0 FASTNORM_X=1 -- 1024x65536 256x262144", _ab_args, run_ab),
+            "devtool.py ab FASTNORM_X=0 FASTNORM_X=1 -- 1024x65536 256x262144", run_ab, _ab_args),
 )

@@ -155,7 +155,8 @@ def run_latency(args):
                     return ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, 0, 0)
                 ref = torch_norm(x, w, b, rms)()
                 wrong = (call().float() - ref.float()).abs().max().item() > 5e-2
-                cell = f"{'RMS' if rms else 'LN'} {m}x{n} {dtype_label(dt)}: {device_time(call, flush, reps=200) * 1e6:.2f}"
+                us = device_time(call, flush, reps=200) * 1e6
+                cell = f"{'RMS' if rms else 'LN'} {m}x{n} {dtype_label(dt)}: {us:.2f}"
                 cell += " WRONG" if wrong else ""
                 if args.compile:
                     compiled = torch_norm(x, w, b, rms, compiled=True)
@@ -198,10 +199,6 @@ def _breakdown_args(p):
                    help="comma-separated MxN (default: the bench suite's last-dim and latency rows)")
 
 
-def _no_args(p):
-    pass
-
-
 def _latency_args(p):
     p.add_argument("label", help="names the build in the output line")
     p.add_argument("--compile", action="store_true", help="time torch.compile of each row too")
@@ -215,15 +212,15 @@ def _resident_args(p):
 
 COMMANDS = (
     Command("time", "fastnorm vs PyTorch eager and torch.compile on the seed and last-dim shapes: us, % of copy, "
-            "max error", "devtool.py time --no-compile", _time_args, run_time),
+            "max error", "devtool.py time --no-compile", run_time, _time_args),
     Command("breakdown", "where a call's time goes: CUDA-event time with the host path counted (sync after the "
             "L2 flush) and hidden (no sync), fastnorm, eager and a copy, per last-dim shape; host us per call",
-            "devtool.py breakdown --dtype bf16 --shapes 16384x4096", _breakdown_args, run_breakdown),
+            "devtool.py breakdown --dtype bf16 --shapes 16384x4096", run_breakdown, _breakdown_args),
     Command("host", "host time per call (us) of fastnorm's entry points vs F.layer_norm on a tiny tensor "
-            "(GPU, or CPU without one)", "devtool.py host", _no_args, run_host),
+            "(GPU, or CPU without one)", "devtool.py host", run_host),
     Command("latency", "device time of latency-bound rows (fewer rows than SMs, short rows), optionally against "
-            "torch.compile: one line per run", "devtool.py latency new --compile", _latency_args, run_latency),
+            "torch.compile: one line per run", "devtool.py latency new --compile", run_latency, _latency_args),
     Command("resident", "device time, % of copy and float64 error of multi-MB rows (the resident kernel), LN and "
-            "RMS in fp32 and bf16: one line per run", "devtool.py resident new 16x4194304", _resident_args,
-            run_resident),
+            "RMS in fp32 and bf16: one line per run", "devtool.py resident new 16x4194304", run_resident,
+            _resident_args),
 )
