@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call: install, build (timed), GPU tests, sanitizer, timings. Stages: build tests sanitize time
-# (default: all). Logs go to $OUT when set. Run from the repository root.
+# One device call: install, build (timed), GPU tests, sanitizer (devtool.py sanitize), timings (devtool.py
+# time). Stages: build tests sanitize time (default: all). Logs go to $OUT when set. Run from the repository
+# root; TESTS and TIMING_ARGS override the test files and the timing arguments.
 set -uo pipefail
 OUT=${OUT:-/tmp/fastnorm_out}
 mkdir -p "$OUT"
@@ -17,8 +18,8 @@ for stage in $stages; do
       python3 -c "import time; t=time.time(); import fastnorm.ops.extension as e; e.load('cuda'); print(f'cached load {time.time()-t:.2f} s')" ;;
     tests) timeout 420 python3 -m pytest -q --maxfail=10 -p no:cacheprovider ${TESTS:-tests/test_cuda_norm.py} 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
     sanitize)
-      timeout 240 compute-sanitizer --tool memcheck --print-limit 5 python3 benchmarks/sanitize_paths.py 2>&1 | tail -5
-      timeout 240 compute-sanitizer --tool racecheck --print-limit 5 python3 benchmarks/sanitize_paths.py 2>&1 | tail -5 ;;
-    time) timeout 400 python3 benchmarks/quick_timing.py ${TIMING_ARGS:---no-compile} 2>&1 | tee "$OUT/timing.log" ;;
+      timeout 240 compute-sanitizer --tool memcheck --print-limit 5 python3 benchmarks/devtool.py sanitize 2>&1 | tail -5
+      timeout 240 compute-sanitizer --tool racecheck --print-limit 5 python3 benchmarks/devtool.py sanitize 2>&1 | tail -5 ;;
+    time) timeout 400 python3 benchmarks/devtool.py time ${TIMING_ARGS:---no-compile} 2>&1 | tee "$OUT/timing.log" ;;
   esac
 done

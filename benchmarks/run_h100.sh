@@ -4,6 +4,8 @@
 # mode: device time (h100.*, the default of `fastnorm bench`) and with host time counted (h100-host.*).
 # Run from anywhere on the GPU machine; extra arguments go to `fastnorm bench` (e.g. --quick).
 # When $OUT is set (the device runner's output folder), the JSON, PNG and logs are copied there too.
+# The charts (h100.png, h100-rows.png, ...) need matplotlib; on a machine without it, draw them from the
+# JSONs afterwards: fastnorm bench --chart-from benchmarks/results/h100.json --chart benchmarks/results/h100.png
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

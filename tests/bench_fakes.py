@@ -1,9 +1,9 @@
 """Stand-ins shared by the bench tests: timing stats and result rows without running anything."""
 from dataclasses import dataclass
 
-from fastnorm.benchsuite.cases import BenchCase
-from fastnorm.benchsuite.check import CheckResult
-from fastnorm.benchsuite.runner import IMPLS, RowResult, impl_result
+from fastnorm.bench.cases import BenchCase
+from fastnorm.bench.check import CheckResult
+from fastnorm.bench.runner import IMPLS, RowResult, impl_result
 
 
 @dataclass

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from fastnorm.benchsuite import suites
-from fastnorm.benchsuite.cases import BenchCase, eager_fn, make_inputs
+from fastnorm.bench import suites
+from fastnorm.bench.cases import BenchCase, eager_fn, make_inputs
 
 
 def test_seed_layer_norm_bytes_count_x_y_weight_and_bias():
@@ -51,7 +51,7 @@ def test_bad_cases_are_rejected():
 
 
 def test_gpu_suite_holds_seeds_lastdim_and_latency_rows():
-    cases = suites.gpu_suite()
+    cases = suites.select("cuda")
     labels = {c.label for c in cases}
     assert len(labels) == len(cases) == 4 + 2 * 2 * 6 + 2 * 2
     for label in ("LN fp32 16x64x256x256 last3", "RMS bf16 112x64x512x512 dim1", "RMS fp32 16x4194304 last",
@@ -76,8 +76,17 @@ def test_filters_narrow_by_suite_dtype_and_op():
     assert suites.select("cpu", suites=["latency"], dtypes=["fp32"]) == []
 
 
+def test_a_registered_suite_is_selectable_and_runs_by_default_only_when_it_says_so(monkeypatch):
+    extra = suites.Suite(lambda device_type: [BenchCase("extra", "rms_norm", "fp32", (2, 8), (1,), True)],
+                         default=False)
+    monkeypatch.setitem(suites.SUITES, "extra", extra)
+    assert [c.suite for c in suites.select("cpu", suites=["extra"])] == ["extra"]
+    assert all(c.suite != "extra" for c in suites.select("cpu"))
+    assert {c.suite for c in suites.select("cpu", suites=["extra", "seed"])} == {"extra", "seed"}
+
+
 def test_cpu_suite_is_small():
-    assert all(c.numel <= 1 << 21 for c in suites.cpu_suite())
+    assert all(c.numel <= 1 << 21 for c in suites.select("cpu"))
 
 
 def test_eager_rms_reference_matches_formula_in_fp32_and_upcasts_bf16():

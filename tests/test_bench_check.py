@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from fastnorm.benchsuite import check
+from fastnorm.bench import check
 
 
 def test_equal_outputs_pass_with_zero_error():

@@ -1,5 +1,5 @@
-"""`fastnorm bench` end to end on this machine's CPU (real fastnorm kernels, real timing), plus its
-argument handling; and a short GPU run where a GPU exists."""
+"""`fastnorm bench` end to end on this machine's CPU (real fastnorm kernels, real timing), with and
+without matplotlib, plus its argument handling; and a short GPU run where a GPU exists."""
 import json
 import os
 import subprocess
@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_bench_png import read_png
+from png_header import SIGNATURE, png_size
 
 import fastnorm
-from fastnorm import bench
-from fastnorm.benchsuite import report, suites
+from fastnorm.bench import chart, cli, report, suites
 
 SRC = Path(fastnorm.__file__).resolve().parents[1]
 
@@ -47,13 +46,19 @@ def test_cpu_quick_suite_end_to_end(tmp_path):
             assert impl["median_us"] > 0 and impl["min_us"] <= impl["median_us"] and impl["pct_copy"] > 0
         assert row["impls"]["compile"]["median_us"] is None  # compile is off by default on CPU
         assert row["speedup_vs_eager"] > 0 and row["speedup_vs_compile"] is None
-    width, height, _ = read_png(png_path.read_bytes())
-    assert width > 700 and height > 100 + 30 * len(expected)
+    if not chart.available():
+        assert out.count(chart.MISSING) == 1 and not png_path.exists()
+        return
+    # compile is off on CPU: two implementations a case; the last-dim rows get a row-length chart too
+    assert png_size(png_path.read_bytes()) == chart.bar_chart_size(len(expected), 2)
+    rows_png = png_path.with_name("cpu-rows.png")
+    assert png_size(rows_png.read_bytes()) == (chart.WIDTH_PX, chart.ROWS_CHART_HEIGHT_PX)
+    assert f"wrote {json_path}, {png_path}, {rows_png} in" in out
 
 
 def test_default_output_paths_and_filters(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    rc = bench.main(["--device", "cpu", "--quick", "--suite", "latency", "--op", "rms", "--dtype", "bf16",
+    rc = cli.main(["--device", "cpu", "--quick", "--suite", "latency", "--op", "rms", "--dtype", "bf16",
                      "--markdown", "--timing", "host"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -62,26 +67,42 @@ def test_default_output_paths_and_filters(tmp_path, monkeypatch, capsys):
     doc = json.loads(json_path.read_text())
     assert [r["shape"] for r in doc["rows"]] == [[32, 4096]]
     assert doc["settings"]["timing"] == "host"
-    assert json_path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if chart.available():
+        assert json_path.with_suffix(".png").read_bytes()[:8] == SIGNATURE
+    assert not json_path.with_name(json_path.stem + "-rows.png").exists()  # latency rows: no length chart
     assert "| latency | rms_norm" in out
+
+
+def test_without_matplotlib_json_and_table_are_written_and_one_line_says_why_no_chart(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    json_path = tmp_path / "r.json"
+    rc = cli.main(["--device", "cpu", "--quick", "--suite", "latency", "--op", "rms", "--json", str(json_path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and json.loads(json_path.read_text())["rows"]
+    assert "fastnorm us" in out and out.count(chart.MISSING) == 1
+    assert 'charts need matplotlib: pip install "fastnorm[plot]"' in out.splitlines()
+    assert not list(tmp_path.glob("*.png"))
+    assert cli.main(["--chart-from", str(json_path)]) == 1
+    assert capsys.readouterr().out.strip() == chart.MISSING and not list(tmp_path.glob("*.png"))
 
 
 def test_bad_arguments_exit_with_usage_errors(capsys):
     for bad in (["--suite", "nope"], ["--timing", "wall"]):
         with pytest.raises(SystemExit) as info:
-            bench.main(bad)
+            cli.main(bad)
         assert info.value.code == 2
-    assert bench.main(["--device", "cpu", "--suite", "latency", "--dtype", "fp32"]) == 2  # no rows match
+    assert cli.main(["--device", "cpu", "--suite", "latency", "--dtype", "fp32"]) == 2  # no rows match
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
-            bench.main(["--device", "cuda"])
+            cli.main(["--device", "cuda"])
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_latency_rows_end_to_end(tmp_path):
     json_path = tmp_path / "gpu.json"
-    rc = bench.main(["--quick", "--suite", "latency", "--no-compile", "--json", str(json_path)])
+    rc = cli.main(["--quick", "--suite", "latency", "--no-compile", "--json", str(json_path)])
     doc = json.loads(json_path.read_text())
     assert rc == 0 and doc["device_type"] == "cuda" and doc["copy_bandwidth_gbs"] > 100
     assert all(r["check"]["ok"] and r["impls"]["fastnorm"]["median_us"] > 0 for r in doc["rows"])

@@ -5,10 +5,10 @@ import math
 import torch
 from bench_fakes import fake_row
 
-from fastnorm.benchsuite import report
-from fastnorm.benchsuite.cases import BenchCase
-from fastnorm.benchsuite.check import CheckResult
-from fastnorm.benchsuite.runner import RowResult
+from fastnorm.bench import report
+from fastnorm.bench.cases import BenchCase
+from fastnorm.bench.check import CheckResult
+from fastnorm.bench.runner import RowResult
 
 IMPL_KEYS = {"median_us", "min_us", "iqr_us", "gbs", "pct_copy"}
 
@@ -31,10 +31,11 @@ def test_document_schema(tmp_path):
     assert doc["fastnorm_commit"] is None or len(doc["fastnorm_commit"]) == 40
     ok, failed, skipped = doc["rows"]
     for row in doc["rows"]:
-        assert {"suite", "op", "dtype", "shape", "normalized", "bytes", "check", "impls", "speedup_vs_eager",
+        assert {"suite", "label", "op", "dtype", "shape", "normalized", "bytes", "check", "impls", "speedup_vs_eager",
                 "speedup_vs_compile"} <= set(row)
         assert set(row["impls"]) == {"fastnorm", "eager", "compile"}
         assert all(IMPL_KEYS <= set(v) for v in row["impls"].values())
+    assert ok["label"] == "RMS fp32 4x16x64x64 dim1"
     assert ok["shape"] == [4, 16, 64, 64] and ok["normalized"] == [1] and ok["bytes"] == case.minimal_bytes()
     assert ok["check"] == {"max_abs_err": 1e-6, "ok": True, "atol": 1e-4, "rtol": 1e-4}
     assert math.isclose(ok["speedup_vs_eager"], 2.0) and math.isclose(ok["speedup_vs_compile"], 4.0)

@@ -3,9 +3,9 @@ rows skipped when they do not fit memory. Uses a fake timer and stand-ins for fa
 import torch
 from bench_fakes import FakeTimer
 
-from fastnorm.benchsuite import runner as runner_mod
-from fastnorm.benchsuite.cases import BenchCase, eager_fn
-from fastnorm.benchsuite.runner import Runner, TimingPlan
+from fastnorm.bench import runner as runner_mod
+from fastnorm.bench.cases import BenchCase, eager_fn
+from fastnorm.bench.runner import Runner, TimingPlan
 
 CPU = torch.device("cpu")
 LN = BenchCase("lastdim", "layer_norm", "fp32", (6, 130), (1,), affine=True)

@@ -1,9 +1,9 @@
 """The printed results table: numbers, speedups, FAILED and n/a rows, Markdown form."""
 from bench_fakes import fake_row
 
-from fastnorm.benchsuite.cases import BenchCase
-from fastnorm.benchsuite.runner import RowResult
-from fastnorm.benchsuite.table import HEADERS, fmt_bytes, fmt_rate, fmt_us, format_table
+from fastnorm.bench.cases import BenchCase
+from fastnorm.bench.runner import RowResult
+from fastnorm.bench.table import HEADERS, fmt_bytes, fmt_rate, fmt_us, format_table
 
 CASE = BenchCase("lastdim", "rms_norm", "bf16", (16384, 4096), (1,), affine=True)
 

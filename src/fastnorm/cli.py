@@ -5,7 +5,7 @@ Each subcommand lives with its concept and exposes `main(argv) -> int`; this fil
 import sys
 
 _COMMANDS = {
-    "bench": ("fastnorm.bench", "time fastnorm against PyTorch eager, torch.compile and a device copy"),
+    "bench": ("fastnorm.bench.cli", "time fastnorm against PyTorch eager, torch.compile and a device copy"),
     "eval": ("fastnorm.harness.cli", "build, verify and time KernelBench-style ModelNew candidates"),
     "solve": ("fastnorm.solve.cli", "turn a reference problem file into a verified single-file ModelNew"),
 }

@@ -1,6 +1,6 @@
 """The results table `fastnorm bench` prints: one line per row, time / GB/s / % of copy for each
 implementation, then fastnorm's speedup over eager and over torch.compile. Plain text or Markdown."""
-from fastnorm.benchsuite.runner import IMPLS, RowResult
+from fastnorm.bench.runner import IMPLS, RowResult
 
 HEADERS = (["suite", "op", "dtype", "shape", "dims"]
            + [h for impl in IMPLS for h in (f"{impl} us", "GB/s", "%copy")]

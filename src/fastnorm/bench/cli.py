@@ -2,20 +2,21 @@
 
 Normalization is memory-bound, so every row is also scored against the floor: the bytes it must move
 (x read once, y written once, parameters read once) over the device's measured copy bandwidth.
-Prints progress and a table, writes a JSON document and a PNG chart of % of copy per row.
+Prints progress and a table, writes a JSON document and, with matplotlib (`pip install "fastnorm[plot]"`),
+PNG charts of % of copy per row and against row length. `--chart-from` draws them again from a JSON.
 """
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from fastnorm.benchsuite import report, suites
-from fastnorm.benchsuite.cases import OPS
-from fastnorm.benchsuite.chart import write_chart
-from fastnorm.benchsuite.runner import Runner, TimingPlan
-from fastnorm.benchsuite.table import fmt_bytes, format_table
+from fastnorm.bench import chart, report, suites
+from fastnorm.bench.cases import OPS
+from fastnorm.bench.runner import Runner, TimingPlan
+from fastnorm.bench.table import fmt_bytes, format_table
 
 OP_ALIASES = {"ln": "layer_norm", "layernorm": "layer_norm", "rms": "rms_norm", "rmsnorm": "rms_norm",
               **{op: op for op in OPS}}
@@ -23,7 +24,6 @@ OP_ALIASES = {"ln": "layer_norm", "layernorm": "layer_norm", "rms": "rms_norm", 
 # Trial plans: (max trials, min trials, time budget per implementation in ms, warm-up calls).
 PLANS = {("cuda", False): TimingPlan(100, 10, 300.0, 3), ("cuda", True): TimingPlan(30, 5, 100.0, 2),
          ("cpu", False): TimingPlan(30, 3, 200.0, 2), ("cpu", True): TimingPlan(5, 2, 30.0, 1)}
-SUITE_DTYPES = ("fp32", "bf16")  # the dtypes the suites have rows for
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 26}
 
 
@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
     p.add_argument("--suite", type=_choices(suites.SUITES), action="extend",
                    help=f"only these suites, comma-separated: {', '.join(suites.SUITES)}")
-    p.add_argument("--dtype", type=_choices(SUITE_DTYPES), action="extend",
-                   help=f"only these dtypes: {', '.join(SUITE_DTYPES)}")
+    p.add_argument("--dtype", type=_choices(suites.SUITE_DTYPES), action="extend",
+                   help=f"only these dtypes: {', '.join(suites.SUITE_DTYPES)}")
     p.add_argument("--op", type=_choices(OPS, OP_ALIASES), action="extend",
                    help="only these ops: layer_norm (ln), rms_norm (rms)")
     p.add_argument("--quick", action="store_true", help="a small subset with fewer trials (~1 min on a GPU)")
@@ -62,7 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "flush, so host-side time overlaps as in a GPU-bound program (like triton's do_bench); "
                         "host: the GPU is idle when the call starts, so its Python and launch time count too")
     p.add_argument("--json", type=Path, help="JSON output (default benchmarks/results/bench-<device>.json)")
-    p.add_argument("--chart", type=Path, help="PNG chart output (default: the JSON path with .png)")
+    p.add_argument("--chart", type=Path,
+                   help="PNG chart output (default: the JSON path with .png); the %% of copy against row "
+                        "length goes beside it as <name>-rows.png")
+    p.add_argument("--chart-from", type=Path, metavar="JSON",
+                   help="run nothing: draw the charts of this bench JSON (to --chart, default beside it)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     return p
 
@@ -82,9 +86,35 @@ def log(text: str) -> None:
     print(text, flush=True)
 
 
+def write_charts(doc: dict, chart_path: Path) -> list:
+    """The run's charts (paths written), or none and one line saying how to get them without matplotlib."""
+    if not chart.available():
+        log(chart.MISSING)
+        return []
+    by_length = [name for name, suite in suites.SUITES.items() if suite.by_row_length]
+    return chart.write_charts(doc, chart_path, by_length)
+
+
+def chart_from(json_path: Path, chart_path) -> int:
+    """--chart-from: the charts of a JSON written earlier (e.g. the committed results), nothing run."""
+    try:
+        doc = json.loads(json_path.read_text())
+        if not isinstance(doc.get("rows"), list) or not doc["rows"]:
+            raise ValueError("no rows")
+    except (OSError, ValueError, AttributeError) as exc:
+        log(f"fastnorm bench: --chart-from {json_path}: not a bench JSON ({exc})")
+        return 2
+    written = write_charts(doc, chart_path or json_path.with_suffix(".png"))
+    if written:
+        log(f"wrote {' and '.join(str(p) for p in written)}")
+    return 0 if written else 1
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.chart_from is not None:
+        return chart_from(args.chart_from, args.chart)
     device = resolve_device(args.device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
@@ -126,11 +156,10 @@ def main(argv=None) -> int:
     json_path = args.json or Path("benchmarks/results") / f"bench-{report.slug(name)}.json"
     chart_path = args.chart or json_path.with_suffix(".png")
     report.write_json(doc, json_path)
-    write_chart(rows, chart_path, "fastnorm bench: % of copy bandwidth (higher is better)",
-                f"{name}, torch {torch.__version__}, copy {copy_bw / 1e9:.0f} GB/s")
+    written = [json_path] + write_charts(doc, chart_path)
     failed = [r.case.label for r in rows if r.status == "failed"]
     skipped = [f"{r.case.label} ({r.note})" for r in rows if r.status == "skipped"]
-    log(f"\nwrote {json_path} and {chart_path} in {time.perf_counter() - started:.0f} s")
+    log(f"\nwrote {', '.join(str(p) for p in written)} in {time.perf_counter() - started:.0f} s")
     if skipped:
         log(f"skipped: {'; '.join(skipped)}")
     if failed:

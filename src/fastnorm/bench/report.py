@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fastnorm.benchsuite.runner import IMPLS, ImplResult, RowResult
+from fastnorm.bench.runner import IMPLS, ImplResult, RowResult
 
 _IMPL_KEYS = ("median_us", "min_us", "iqr_us", "trials", "gbs", "pct_copy")
 
@@ -66,7 +66,7 @@ def _impl_doc(r: ImplResult) -> dict:
 
 def row_doc(row: RowResult) -> dict:
     c = row.case
-    doc = {"suite": c.suite, "op": c.op, "dtype": c.dtype, "shape": list(c.shape),
+    doc = {"suite": c.suite, "label": c.label, "op": c.op, "dtype": c.dtype, "shape": list(c.shape),
            "normalized": list(c.dims), "affine": c.affine, "eps": c.eps, "bytes": c.minimal_bytes(),
            "status": row.status}
     if row.check is not None:

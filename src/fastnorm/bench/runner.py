@@ -9,8 +9,8 @@ from typing import Callable, Optional
 
 import torch
 
-from fastnorm.benchsuite.cases import BenchCase, eager_fn, fastnorm_fn, make_inputs
-from fastnorm.benchsuite.check import CheckResult, compare
+from fastnorm.bench.cases import BenchCase, eager_fn, fastnorm_fn, make_inputs
+from fastnorm.bench.check import CheckResult, compare
 
 IMPLS = ("fastnorm", "eager", "compile")
 

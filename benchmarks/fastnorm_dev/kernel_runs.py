@@ -1,0 +1,147 @@
+"""Single runs of kernel paths, for tools that watch a process: every CUDA kernel path once on small
+inputs (sanitize, for compute-sanitizer), one call from the command line (repro), and a few cases
+between cudaProfilerStart/Stop (profile, for `ncu --profile-from-start off`)."""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from fastnorm_dev import Command
+from fastnorm_dev.measure import affine_params, channel_rms_ref, parse_shape
+
+# profile's cases: name -> (input shape, normalized shape; None: the channel RMSNorm seed over dim 1)
+PROFILE_CASES = {
+    "ln_seed": ((16, 64, 256, 256), (64, 256, 256)),
+    "ln_16x4194304": ((16, 4194304), (4194304,)),
+    "ln_16384x4096": ((16384, 4096), (4096,)),
+    "ln_4096x16384": ((4096, 16384), (16384,)),
+    "ln_65536x1024": ((65536, 1024), (1024,)),
+    "ln_1024x65536": ((1024, 65536), (65536,)),
+    "ln_256x262144": ((256, 262144), (262144,)),
+    "rms_seed": ((112, 64, 512, 512), None),  # channel axis
+    "ln_1x4096": ((1, 4096), (4096,)),  # latency rows
+    "ln_32x4096": ((32, 4096), (4096,)),
+}
+
+
+def run_sanitize(args):
+    import fastnorm
+    from fastnorm.ops import extension
+
+    ext = extension.load("cuda")
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000)]:  # row kernel (vector and scalar), split rows
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            w = torch.rand(shape[-1], device="cuda", dtype=dtype)
+            fastnorm.layer_norm(x, shape[-1:], w, w)
+            fastnorm.rms_norm(x, shape[-1:], w)
+        for shape in [(300, 3 * 8192 + 8), (140, 30001)]:  # cluster rows (vector and scalar), several a cluster
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            w = torch.rand(shape[-1], device="cuda", dtype=dtype)
+            fastnorm.layer_norm(x, shape[-1:], w, w)
+            fastnorm.rms_norm(x, shape[-1:], None)
+        # Few rows of 4 MB and more: resident rows (4-8 MB in two row groups; 16 MB float32 LayerNorm stages
+        # its next row in L2), streamed rows (too long to hold on chip).
+        for rows, n in [(3, (8 << 20) // torch.finfo(dtype).bits * 8 + 16),
+                        (3, (4 << 20) // torch.finfo(dtype).bits * 8), (2, 9 << 20), (3, 1 << 22)]:
+            big = torch.randn(rows, n, device="cuda", dtype=dtype)
+            wb = torch.rand(n, device="cuda", dtype=dtype)
+            fastnorm.layer_norm(big, big.shape[-1:], wb, wb)
+            fastnorm.rms_norm(big, big.shape[-1:], wb)
+            del big, wb
+        ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
+        # More slices than the chip holds with a cache: the split kernel without one.
+        ext.norm_forward(torch.randn(3, 50000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)
+        for shape in [(2, 5, 3, 7), (2, 64, 8, 16), (1, 300, 4, 4), (1, 3000, 4, 4)]:  # strided: tiled, registers
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
+            fastnorm.layer_norm(x, None, torch.rand(shape[1], device="cuda", dtype=dtype), None, dim=1)
+    torch.cuda.synchronize()
+    print("sanitize: all paths ran")
+
+
+def run_repro(args):
+    import fastnorm
+
+    rows, n = args.shape
+    x = torch.randn(rows, n, device="cuda", dtype=args.dtype)
+    w = torch.rand(n, device="cuda", dtype=args.dtype)
+    if args.op == "ln":
+        y = fastnorm.layer_norm(x, (n,), w, w)
+    else:
+        y = fastnorm.rms_norm(x, (n,), w)
+    torch.cuda.synchronize()
+    print("ok", y.float().abs().max().item())
+
+
+def run_profile(args):
+    import fastnorm
+
+    for name, dt, op, impl in args.cases:
+        dtype = torch.bfloat16 if dt == "bf16" else torch.float32
+        shape, nshape = PROFILE_CASES[name]
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        w, b = affine_params(nshape, dtype) if nshape else (None, None)
+        if nshape is None:
+            fn = (torch.compile(channel_rms_ref) if impl == "compile"
+                  else lambda x: fastnorm.rms_norm(x, None, None, 1e-5, dim=1))
+            call = lambda: fn(x)
+        elif op == "rms":
+            fn = fastnorm.rms_norm if impl != "compile" else torch.compile(F.rms_norm)
+            call = lambda: fn(x, nshape, w, 1e-5)
+        else:
+            fn = fastnorm.layer_norm if impl != "compile" else torch.compile(F.layer_norm)
+            call = lambda: fn(x, nshape, w, b, 1e-5)
+        for _ in range(2):
+            call()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        call()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        del x, w, b
+    print("profile: done")
+
+
+def _torch_dtype(name):
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise argparse.ArgumentTypeError(f"not a torch float dtype: {name!r} (e.g. float32, bfloat16)")
+    return dtype
+
+
+def _profile_case(text):
+    """CASE[:dtype[:op[:impl]]] -> (case, dtype, op, impl); empty parts take the defaults."""
+    name, dt, op, impl = (text.split(":") + ["", "", ""])[:4]
+    if name not in PROFILE_CASES:
+        raise argparse.ArgumentTypeError(f"unknown case {name!r} (choose from {', '.join(PROFILE_CASES)})")
+    for value, allowed in ((dt, ("", "fp32", "bf16")), (op, ("", "ln", "rms")), (impl, ("", "fastnorm", "compile"))):
+        if value not in allowed:
+            raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not one of {', '.join(allowed[1:])}")
+    return name, dt, op, impl
+
+
+def _repro_args(p):
+    p.add_argument("shape", type=parse_shape, metavar="ROWSxN")
+    p.add_argument("dtype", type=_torch_dtype, metavar="DTYPE", help="a torch dtype name: float32, bfloat16, ...")
+    p.add_argument("op", nargs="?", choices=("ln", "rms"), default="rms", help="default rms")
+
+
+def _profile_args(p):
+    p.add_argument("cases", nargs="+", type=_profile_case, metavar="CASE",
+                   help=f"CASE[:dtype[:op[:impl]]] with CASE one of {', '.join(PROFILE_CASES)}; dtype fp32 "
+                        "(default) or bf16; op ln (default) "
+                        "or rms; impl fastnorm (default) or compile (torch.compile of the eager op, to profile "
+                        "the Triton kernel it generates); rms_seed is the channel RMSNorm seed (op ignored)")
+
+
+COMMANDS = (
+    Command("sanitize", "every CUDA kernel path once on small inputs, for compute-sanitizer (memcheck, "
+            "racecheck)", "compute-sanitizer --tool memcheck python benchmarks/devtool.py sanitize", run_sanitize),
+    Command("repro", "one normalization call given on the command line (for compute-sanitizer)",
+            "devtool.py repro 3x4194304 bfloat16 ln", run_repro, _repro_args),
+    Command("profile", "a few cases: two warm-up calls, then one between cudaProfilerStart/Stop, for "
+            "ncu --profile-from-start off (torch.compile's first call compiles and may tune)",
+            "ncu --profile-from-start off python benchmarks/devtool.py profile ln_seed:bf16", run_profile,
+            _profile_args),
+)

@@ -1,0 +1,178 @@
+"""A/B runs of the planner's choices: threads-per-row overrides (sweep), (threads, blocks_per_row) of the
+split-row kernel (split), every override checked for correctness (configs), and same-process A/B of
+switches read from environment variables at each call (ab).
+
+The overrides go through the extension's own entry, `norm_forward(x, weight, bias, begin, end, eps, rms,
+threads, blocks_per_row)` (0: the planner's choice).
+"""
+import argparse
+import math
+import os
+
+import torch
+
+from fastnorm_dev import Command
+from fastnorm_dev.measure import (affine_params, copy_bandwidth, device_line, device_time, dtype_label,
+                                  flush_buffer, float64_norm, norm_bytes, parse_shape, relative_error,
+                                  torch_norm)
+
+SWEEP_SHAPES = ((16384, 4096), (4096, 16384), (65536, 1024))  # the bf16 rows where Triton leads
+AB_ROUNDS = 3
+
+
+def run_sweep(args):
+    from fastnorm.ops import extension
+
+    ext = extension.load("cuda")
+    shapes = args.shapes or SWEEP_SHAPES
+    flush = flush_buffer()
+    bw = copy_bandwidth(flush, reps=40)
+    print(device_line(bw), flush=True)
+    for dt in (torch.bfloat16, torch.float32):
+        for m, n in shapes:
+            x = torch.randn(m, n, device="cuda", dtype=dt)
+            w, b = affine_params(n, dt)
+            for rms in (False, True):
+                nbytes = norm_bytes(x, w) if rms else norm_bytes(x, w, b)
+                ref = torch_norm(x, w, b, rms)()
+                cells = []
+                if not args.quick:
+                    comp = torch_norm(x, w, b, rms, compiled=True)
+                    cells.append(f"compile {100 * nbytes / device_time(comp, flush, reps=40) / bw:5.1f}")
+                for t in (0,) if args.quick else (0, 32, 64, 128, 256, 512):
+                    call = lambda: ext.norm_forward(x, w, None if rms else b, 1, 2, 1e-5, rms, t, 0)
+                    err = (call().float() - ref.float()).abs().max().item()
+                    tol = 5e-2 if dt == torch.bfloat16 else 1e-3
+                    mark = "" if err < tol else "!"
+                    cells.append(f"t{t} {100 * nbytes / device_time(call, flush, reps=40) / bw:5.1f}{mark}")
+                print(f"{'RMS' if rms else 'LN':<4}{m}x{n} {dtype_label(dt):<9}" + "  ".join(cells), flush=True)
+            del x, w, b, ref
+            torch.cuda.empty_cache()
+
+
+def run_split(args):
+    from fastnorm.ops import extension
+
+    ext = extension.load("cuda")
+    flush = flush_buffer()
+    for dt in (torch.float32, torch.bfloat16):
+        for m, n in [(1024, 65536), (256, 262144), (16, 4194304)]:
+            x = torch.randn(m, n, device="cuda", dtype=dt)
+            w, b = affine_params(n, dt)
+            g = math.ceil(n * x.element_size() / (64 << 10))  # blocks a row needs at 64 KB a block
+            row = []
+            for t, blocks in [(0, 0), (256, 2 * g), (512, 2 * g), (256, g), (128, 4 * g), (1024, 0)]:
+                us = device_time(lambda: ext.norm_forward(x, w, b, 1, 2, 1e-5, False, t, blocks), flush) * 1e6
+                row.append(f"t{t}/g{blocks}:{us:7.1f}")
+            print(f"{m}x{n} {dtype_label(dt):<9}", "  ".join(row), flush=True)
+            del x, w, b
+
+
+def run_configs(args):
+    from fastnorm.ops import extension
+
+    ext = extension.load("cuda")
+    threads = (0, 32, 64, 128, 256, 512, 1024, 100)
+    blocks = (0, 1, 2, 4, 16, 300)
+    shapes = [((16, 64, 256, 256), 1, 4), ((8, 64, 64, 64), 1, 2), ((6, 50000), 1, 2), ((300, 1024), 1, 2)]
+    for shape, b0, b1 in shapes:
+        x = torch.randn(shape, device="cuda") + 3
+        w, b = affine_params(shape[b0:b1], torch.float32)
+        for t in threads:
+            for g in blocks:
+                for rms in (False, True):
+                    y = ext.norm_forward(x, w, None if rms else b, b0, b1, 1e-5, rms, t, g)
+                    err = (y.double() - float64_norm(x, w, b, b0, b1, rms)).abs().max().item()
+                    assert err < 1e-4, (shape, t, g, rms, err)
+        print("ok", shape, flush=True)
+    print("config sweep: all configurations correct")
+
+
+def _parse_variant(variant):
+    if variant == "-":
+        return {}
+    if any("=" not in item for item in variant.split(",")):
+        raise SystemExit(f"devtool.py ab: variant {variant!r} is not NAME=VALUE[,NAME=VALUE...] or -")
+    return dict(item.split("=", 1) for item in variant.split(","))
+
+
+def _apply(env, names):
+    for name in names:
+        os.environ.pop(name, None)
+    os.environ.update(env)
+
+
+def run_ab(args):
+    from fastnorm.ops import extension
+
+    if not args.rest:
+        raise SystemExit("devtool.py ab: give the shapes after --: ab VARIANT [VARIANT ...] -- SHAPE [SHAPE ...]")
+    try:
+        shapes = [parse_shape(text) for text in args.rest]
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"devtool.py ab: {exc}")
+    envs = [_parse_variant(v) for v in args.variants]
+    names = {name for env in envs for name in env}
+    reps = int(os.environ.get("AB_REPS", "30"))
+    ext = extension.load("cuda")
+    flush = flush_buffer()
+    bw = copy_bandwidth(flush, reps=20)
+    print(f"{device_line(bw)}; variants: {' | '.join(args.variants)}", flush=True)
+    for dt in (torch.float32, torch.bfloat16):
+        for shape in shapes:
+            x = torch.randn(shape, device="cuda", dtype=dt) + 3
+            channels = len(shape) == 4  # AxCxHxW: over dim 1; otherwise over the last dim
+            n = shape[1] if channels else shape[-1]
+            dims = (1, 2) if channels else (len(shape) - 1, len(shape))
+            w, b = affine_params(n, dt)
+            for rms in (False, True):
+                def call():
+                    return ext.norm_forward(x, w, None if rms else b, *dims, 1e-5, rms, 0, 0)
+                ref = float64_norm(x[:4], w, b, *dims, rms)  # the first 4 rows (or images) suffice
+                errs = []
+                for env in envs:
+                    _apply(env, names)
+                    errs.append(relative_error(call()[:4], ref))
+                del ref
+                moved = norm_bytes(x, w) if rms else norm_bytes(x, w, b)
+                pct = [[] for _ in envs]
+                for _ in range(AB_ROUNDS):
+                    for i, env in enumerate(envs):
+                        _apply(env, names)
+                        pct[i].append(moved / device_time(call, flush, reps=reps) / bw * 100)
+                cells = [f"{' '.join(f'{p:.1f}' for p in pct[i])} (err {errs[i]:.0e})" for i in range(len(envs))]
+                name = "x".join(map(str, shape)) + (" dim1" if channels else "")
+                print(f"{'RMS' if rms else 'LN':<4}{name} {dtype_label(dt):<9}" + " | ".join(cells), flush=True)
+            del x, w, b
+            torch.cuda.empty_cache()
+    _apply({}, names)
+
+
+def _sweep_args(p):
+    p.add_argument("shapes", nargs="*", type=parse_shape, metavar="MxN",
+                   help="rows to sweep (default: 16384x4096 4096x16384 65536x1024, where Triton leads in bf16)")
+    p.add_argument("--quick", action="store_true", help="the planner's choice (threads=0) only, no torch.compile")
+
+
+def _ab_args(p):
+    p.usage = "devtool.py ab [-h] VARIANT [VARIANT ...] -- SHAPE [SHAPE ...]"
+    p.set_defaults(takes_rest=True)  # the shapes, after --
+    p.add_argument("variants", nargs="+", metavar="VARIANT",
+                   help="NAME=VALUE[,NAME=VALUE...] set for that variant, or - for none (the default build); "
+                        "then --, then the shapes: MxN (over the last dim) or AxCxHxW (over dim 1, the channels). "
+                        "AB_REPS (default 30) sets the timed calls a round; 3 rounds alternate the variants")
+
+
+COMMANDS = (
+    Command("sweep", "device time (% of copy) of the last-dim kernels under each threads-per-row override "
+            "(0 = the planner's choice), against torch.compile", "devtool.py sweep 16384x4096 --quick", run_sweep,
+            _sweep_args),
+    Command("split", "device time of the split-row kernel under several (threads, blocks_per_row) overrides "
+            "on long rows", "devtool.py split", run_split),
+    Command("configs", "every threads x blocks_per_row override the solver may try, on several layouts, "
+            "checked against float64 (run with CUDA_LAUNCH_BLOCKING=1 to name a failing one at once)",
+            "CUDA_LAUNCH_BLOCKING=1 devtool.py configs", run_configs),
+    Command("ab", "same-process A/B of switches read from environment variables at each call: float64 error "
+            "and % of copy of each variant over alternating rounds",
+            "devtool.py ab FASTNORM_X=0 FASTNORM_X=1 -- 1024x65536 256x262144", run_ab, _ab_args),
+)

@@ -1,0 +1,79 @@
+"""benchmarks/devtool.py, the developer tools for a GPU machine: on CPU, every command imports and answers
+--help with its purpose, arguments are checked before anything runs, and `host` (which runs on CPU too)
+measures."""
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fastnorm
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+COMMANDS = {"time", "breakdown", "host", "latency", "resident", "sweep", "split", "configs", "ab", "sanitize",
+            "repro", "profile"}
+
+
+@pytest.fixture
+def devtool(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("devtool")
+
+
+def test_every_command_is_there_and_answers_help_with_its_purpose(devtool, capsys):
+    assert set(devtool.COMMANDS) == COMMANDS
+    for name, command in devtool.COMMANDS.items():
+        assert command.purpose and "\n" not in command.purpose and command.example
+        with pytest.raises(SystemExit) as info:
+            devtool.main([name, "--help"])
+        assert info.value.code == 0
+        out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+        assert f"usage: devtool.py {name}" in out and " ".join(command.purpose.split()) in out
+
+
+def test_bad_arguments_are_usage_errors_before_any_gpu_work(devtool, capsys):
+    for argv in (["nope"], ["repro", "3x4", "int32"], ["repro", "3x", "float32"], ["profile", "ln_seed:fp64"],
+                 ["profile", "no_such_case"], ["resident", "label", "16by4"], ["time", "--", "16x4"]):
+        with pytest.raises(SystemExit) as info:
+            devtool.main(argv)
+        assert info.value.code == 2, argv
+    with pytest.raises(SystemExit, match="give the shapes after --"):
+        devtool.main(["ab", "FASTNORM_X=1"])
+    with pytest.raises(SystemExit, match="not a shape"):
+        devtool.main(["ab", "-", "--", "16x"])
+
+
+def test_shared_shape_and_byte_helpers(devtool):
+    import torch
+
+    from fastnorm_dev import measure
+
+    assert measure.parse_shape("16384x4096") == (16384, 4096) and measure.parse_shape("2x3x4x5") == (2, 3, 4, 5)
+    x, w = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16)
+    assert measure.norm_bytes(x, w, None) == (2 * 32 + 8) * 2
+    xf = torch.randn(3, 5, 7, dtype=torch.float64)
+    wf, bf = torch.rand(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    ref = measure.float64_norm(xf, wf, bf, 1, 2, rms=False)
+    expect = torch.nn.functional.layer_norm(xf.transpose(1, 2), (5,), wf, bf, 1e-5).transpose(1, 2)
+    assert torch.allclose(ref, expect, atol=1e-12)
+    assert measure.relative_error(ref.float(), ref) < 1e-6
+
+
+def test_the_script_runs_from_anywhere(tmp_path):
+    env = dict(os.environ)
+    src = str(Path(fastnorm.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "devtool.py"), "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert all(name in proc.stdout for name in COMMANDS)
+
+
+def test_host_command_measures_on_cpu(devtool, capsys):
+    assert devtool.main(["host"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["F.layer_norm", "fastnorm.layer_norm",
+                                                  "torch.ops.fastnorm.layer_norm", "ext.norm_forward"]
+    assert all(float(line.split()[1]) > 0 and line.endswith("us/call") for line in lines)
