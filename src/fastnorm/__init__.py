@@ -7,6 +7,7 @@
 """
 from fastnorm.modules import LayerNorm, RMSNorm
 from fastnorm.ops.functional import layer_norm, rms_norm
+from fastnorm.patching import patch, unpatch
 
 __version__ = "0.1.0"
-__all__ = ["LayerNorm", "RMSNorm", "layer_norm", "rms_norm", "__version__"]
+__all__ = ["LayerNorm", "RMSNorm", "layer_norm", "rms_norm", "patch", "unpatch", "__version__"]

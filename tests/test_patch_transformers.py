@@ -1,0 +1,170 @@
+"""fastnorm.patch on real Hugging Face transformers models built from small configs (no downloads)."""
+import pytest
+import torch
+from torch import nn
+
+import fastnorm
+from fastnorm.patching import PatchedRMSNorm
+from test_patch import DTYPE_PAIRS, _assert_close
+
+transformers = pytest.importorskip("transformers", reason="the transformers tests need `pip install transformers`")
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=128)
+# family: (model class, config class, config kwargs, norm class name, replacement class)
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", SMALL, "LlamaRMSNorm", PatchedRMSNorm),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", SMALL, "Qwen2RMSNorm", PatchedRMSNorm),
+    "mistral": ("MistralForCausalLM", "MistralConfig", SMALL, "MistralRMSNorm", PatchedRMSNorm),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(SMALL, head_dim=16), "GemmaRMSNorm", PatchedRMSNorm),
+    "t5": ("T5ForConditionalGeneration", "T5Config",
+           dict(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_heads=4, vocab_size=128, dropout_rate=0.0,
+                decoder_start_token_id=0, pad_token_id=0),
+           "T5LayerNorm", PatchedRMSNorm),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config",
+             dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                  attn_pdrop=0.0, bos_token_id=0, eos_token_id=0), "LayerNorm", fastnorm.LayerNorm),
+    "bert": ("BertForMaskedLM", "BertConfig",
+             dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=128,
+                  max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+             "LayerNorm", fastnorm.LayerNorm),
+}
+GENERATIVE = ["llama", "qwen2", "mistral", "gemma", "t5", "gpt2"]
+
+
+def build(family, device="cpu", dtype=torch.float32):
+    """The family's small model with random norm parameters (ones would hide a mishandled weight), its
+    norms' paths, and inputs with labels."""
+    model_name, config_name, kwargs, norm_name, _ = FAMILIES[family]
+    if not hasattr(transformers, model_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**kwargs)).to(device, dtype)
+    norms = [path for path, m in model.named_modules() if type(m).__name__ == norm_name]
+    assert norms, f"no {norm_name} in {model_name}"
+    with torch.no_grad():
+        for path in norms:
+            for p in model.get_submodule(path).parameters():
+                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if family == "gemma" else 1.0))
+    ids = torch.randint(3, 128, (2, 8), device=device)
+    inputs = dict(input_ids=ids, labels=ids)
+    if family == "t5":
+        inputs["decoder_input_ids"] = torch.randint(3, 128, (2, 5), device=device)
+        inputs["labels"] = inputs["decoder_input_ids"]
+    return model.eval(), norms, inputs
+
+
+def logits(model, inputs):
+    with torch.no_grad():
+        return model(**{k: v for k, v in inputs.items() if k != "labels"}).logits
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patched_logits_match_and_unpatch_restores(family):
+    model, norms, inputs = build(family)
+    expected = logits(model, inputs)
+    params, keys = dict(model.named_parameters()), list(model.state_dict())
+    originals = {path: model.get_submodule(path) for path in norms}
+    report = fastnorm.patch(model)
+    assert [r.path for r in report.replaced] == norms and report.skipped == []
+    assert all(type(model.get_submodule(path)) is FAMILIES[family][4] for path in norms)
+    assert dict(model.named_parameters()).keys() == params.keys()
+    assert all(p is params[name] for name, p in model.named_parameters())
+    assert list(model.state_dict()) == keys
+    _assert_close(logits(model, inputs), expected)
+    assert fastnorm.unpatch(model) == norms
+    assert all(model.get_submodule(path) is m for path, m in originals.items())
+    assert torch.equal(logits(model, inputs), expected)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_training_step(family):
+    model, norms, inputs = build(family)
+    model.train()
+    model(**inputs).loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    fastnorm.patch(model)
+    assert all(model.get_submodule(path).training for path in norms)
+    model(**inputs).loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    assert grads.keys() == expected.keys()
+    norm_params = [name for name in grads if name.rsplit(".", 1)[0] in norms]
+    assert norm_params
+    scale = max(g.abs().max().item() for g in expected.values())  # some grads are rounding noise about 0
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected[name], rtol=1e-3, atol=1e-6 * scale)
+    before = {name: model.get_parameter(name).detach().clone() for name in norm_params}
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert all(not torch.equal(model.get_parameter(name), before[name]) for name in norm_params)
+
+
+@pytest.mark.parametrize("family", GENERATIVE)
+def test_generate_same_tokens(family):
+    model, _, inputs = build(family)
+    ids = inputs["input_ids"]
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    expected = model.generate(ids, **kwargs)
+    fastnorm.patch(model)
+    assert torch.equal(model.generate(ids, **kwargs), expected)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma", "gpt2"])  # T5: 30 s here; test_patch compiles its norm
+def test_torch_compile(family):
+    model, _, inputs = build(family)
+    fastnorm.patch(model)
+    expected = logits(model, inputs)
+    torch._dynamo.reset()
+    _assert_close(logits(torch.compile(model), inputs), expected)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma", "t5"])
+def test_bfloat16_model(family):
+    model, _, inputs = build(family, dtype=torch.bfloat16)
+    expected = logits(model, inputs)
+    fastnorm.patch(model)
+    y = logits(model, inputs)
+    assert y.dtype == expected.dtype == torch.bfloat16
+    # two layers of bf16: each norm rounds once where the original rounds twice
+    assert (y.float() - expected.float()).abs().max() <= 0.05 * expected.float().abs().max()
+
+
+RMS_CLASSES = [  # module path, class name, weight_offset, dtype_rule
+    ("llama.modeling_llama", "LlamaRMSNorm", 0.0, "promote"),
+    ("t5.modeling_t5", "T5LayerNorm", 0.0, "half_weight"),
+    ("gemma.modeling_gemma", "GemmaRMSNorm", 1.0, "input"),
+]
+
+
+@pytest.mark.parametrize("where,name,offset,rule", RMS_CLASSES, ids=[c[1] for c in RMS_CLASSES])
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPE_PAIRS, ids=lambda d: str(d).replace("torch.", ""))
+def test_library_rms_norm_dtypes(where, name, offset, rule, x_dtype, w_dtype):
+    """Each class's own output dtype and rounding, including mixed input/weight dtypes."""
+    module = pytest.importorskip(f"transformers.models.{where}")
+    model = nn.Sequential(getattr(module, name)(32, eps=1e-6)).to(w_dtype)
+    with torch.no_grad():
+        model[0].weight.normal_(0.3, 0.5)
+    x = torch.randn(3, 5, 32).to(x_dtype)
+    expected = model(x)
+    fastnorm.patch(model)
+    assert (model[0].weight_offset, model[0].dtype_rule) == (offset, rule)
+    _assert_close(model(x), expected, x_dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_patched_on_cuda(family, dtype):
+    model, norms, inputs = build(family, device="cuda", dtype=dtype)
+    expected = logits(model, inputs)
+    report = fastnorm.patch(model)
+    assert [r.path for r in report.replaced] == norms and report.skipped == []
+    y = logits(model, inputs)
+    assert y.dtype == expected.dtype and y.device == expected.device
+    tol = 1e-4 if dtype == torch.float32 else 0.05
+    assert (y.float() - expected.float()).abs().max() <= tol * expected.float().abs().max()
+    if family in GENERATIVE and dtype == torch.float32:
+        ids = inputs["input_ids"]
+        kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0)
+        patched = model.generate(ids, **kwargs)
+        fastnorm.unpatch(model)
+        assert torch.equal(patched, model.generate(ids, **kwargs))
