@@ -9,6 +9,7 @@ import re
 KERNELS_DIR = Path(__file__).resolve().parent
 
 _BINDING = "binding.cpp"
+_MODULE = "module.cpp"  # the Python module; load_inline writes its own, so single-file solutions leave it out
 # Translation units per device type besides the binding: the CUDA forward is one unit per dtype pair
 # (forward_*.cu) plus the entry points (forward.cu), so that ninja compiles them in parallel.
 _UNITS = {"cpu": ("norm_cpu*.cpp",), "cuda": ("*.cu",)}
@@ -19,7 +20,7 @@ DEFINES = {"cpu": [], "cuda": ["FASTNORM_CUDA"]}
 
 def sources(device_type: str) -> list:
     """Source files of the package's extension for `device_type` ("cpu" or "cuda")."""
-    return [KERNELS_DIR / _BINDING] + _glob(_UNITS, device_type)
+    return [KERNELS_DIR / _BINDING, KERNELS_DIR / _MODULE] + _glob(_UNITS, device_type)
 
 
 def headers(device_type: str) -> list:
@@ -55,7 +56,7 @@ def inline_sources(device_type: str):
 
     The C++ source holds the binding (and, for "cpu", the kernels); the CUDA source the CUDA kernels.
     """
-    binding, *units = sources(device_type)
+    binding, _module, *units = sources(device_type)
     defines = "".join(f"#define {d}\n" for d in DEFINES[device_type] + ["FASTNORM_INLINE"])
     seen = set()
     cpp = defines + _inline_includes(binding.read_text(), seen)

@@ -1,0 +1,19 @@
+// The tensor-level entry points of binding.cpp, bound to Python by module.cpp.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <vector>
+
+#include "norm_params.h"
+
+// FastnormDtype of a tensor dtype, FN_NONE for the unsupported ones.
+int dtype_code(at::ScalarType t);
+
+at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                        const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
+                        double eps, bool rms, int64_t threads, int64_t blocks_per_row);
+
+std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                      const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
+                                      double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias);
