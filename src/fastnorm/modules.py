@@ -1,5 +1,6 @@
 """Drop-in modules: same constructor arguments, attributes and state_dict as torch.nn's."""
 import numbers
+from typing import Optional
 
 import torch
 from torch import nn
@@ -8,18 +9,24 @@ from fastnorm.ops.functional import layer_norm, rms_norm
 
 
 class LayerNorm(nn.LayerNorm):
-    """torch.nn.LayerNorm on fastnorm kernels; `dim` normalizes over other dims than the trailing ones."""
+    """torch.nn.LayerNorm on fastnorm kernels; `dim` normalizes over other dims than the trailing ones.
+
+    `forward(x, residual)` returns (y, h) with h = x + residual and y = norm(h), fused (pre-norm
+    blocks); `residual_in_fp32=True` keeps h in float32.
+    """
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
-                 device=None, dtype=None, *, dim=None):
+                 device=None, dtype=None, *, dim=None, residual_in_fp32: bool = False):
         kwargs = {"bias": bias} if "bias" in nn.LayerNorm.__init__.__code__.co_varnames else {}
         if not bias and not kwargs:  # torch < 2.1 has no bias switch
             raise TypeError("LayerNorm(bias=False) needs torch >= 2.1")
         super().__init__(normalized_shape, eps, elementwise_affine, device=device, dtype=dtype, **kwargs)
         self.dim = dim
+        self.residual_in_fp32 = residual_in_fp32
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, dim=self.dim)
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, dim=self.dim, residual=residual,
+                          residual_in_fp32=self.residual_in_fp32)
 
     def extra_repr(self) -> str:
         extra = super().extra_repr()
@@ -27,12 +34,16 @@ class LayerNorm(nn.LayerNorm):
 
 
 class RMSNorm(nn.Module):
-    """torch.nn.RMSNorm on fastnorm kernels; `dim=1` normalizes the channels of NCHW inputs natively."""
+    """torch.nn.RMSNorm on fastnorm kernels; `dim=1` normalizes the channels of NCHW inputs natively.
+
+    `forward(x, residual)` returns (y, h) with h = x + residual and y = norm(h), fused (pre-norm
+    blocks); `residual_in_fp32=True` keeps h in float32.
+    """
 
     __constants__ = ["normalized_shape", "eps", "elementwise_affine"]
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine: bool = True, device=None, dtype=None,
-                 *, dim=None):
+                 *, dim=None, residual_in_fp32: bool = False):
         super().__init__()
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
@@ -40,6 +51,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.elementwise_affine = elementwise_affine
         self.dim = dim
+        self.residual_in_fp32 = residual_in_fp32
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
         else:
@@ -50,8 +62,9 @@ class RMSNorm(nn.Module):
         if self.weight is not None:
             nn.init.ones_(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.normalized_shape, self.weight, self.eps, dim=self.dim)
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps, dim=self.dim, residual=residual,
+                        residual_in_fp32=self.residual_in_fp32)
 
     def extra_repr(self) -> str:
         extra = f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

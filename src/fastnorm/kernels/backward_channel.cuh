@@ -59,7 +59,10 @@ __global__ void __launch_bounds__(kChannelBackwardThreads) channel_backward_appl
       m[0] = fma(gs[e], xhat, m[0]);
       m[1] += gs[e];
     }
-    if (a.dx) store_vec(dxv + v, pack<T>(out));
+    if (a.dx) {
+      add_gradient(a.dx_add ? a.dx_add + (o * a.n + j) * a.inner : nullptr, v, out);
+      store_vec(dxv + v, pack<T>(out));
+    }
   }
   if (a.dw_part == nullptr && a.db_part == nullptr) return;
   group_sums(m, blockDim.x, sums);
@@ -80,7 +83,7 @@ static inline const char* launch_channel_backward(const NormBackwardParams& p, v
   using A = typename AccOf<T>::type;
   auto* coeffs = static_cast<GradCoeffs<A>*>(p.workspace);
   BackwardArgs<T, W> a{static_cast<const T*>(p.x), static_cast<const T*>(p.dy), static_cast<const W*>(p.weight),
-                       static_cast<T*>(p.dx), p.outer, p.n, p.inner, p.x_outer_stride, p.eps, p.rms, dw_part, db_part};
+                       static_cast<T*>(p.dx), static_cast<const T*>(p.dx_add), p.outer, p.n, p.inner, p.x_outer_stride, p.eps, p.rms, dw_part, db_part};
   const Device dev = device_info();
   const int64_t columns = p.outer * p.inner;
   const int64_t blocks = std::min<int64_t>((columns + kChannelBackwardThreads - 1) / kChannelBackwardThreads,

@@ -22,6 +22,7 @@ struct BackwardArgs {
   const T* __restrict__ dy;
   const W* __restrict__ w;
   T* __restrict__ dx;
+  const T* __restrict__ dx_add;  // added to dx, or null
   int64_t outer, n, inner, x_stride;  // x_stride: between outer indices, in elements
   double eps;
   int rms;
@@ -60,6 +61,16 @@ template <typename A>
 __device__ __forceinline__ A grad_input(A x, A g, const GradCoeffs<A>& c, A& xhat) {
   xhat = normalized(x, c.st);
   return c.st.rstd * (g - c.c1 - xhat * c.c2);
+}
+
+// out += the VEC values of dx_add at vector i (when given).
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void add_gradient(const T* dx_add, int64_t i, A (&out)[VEC]) {
+  if (dx_add == nullptr) return;
+  A add[VEC];
+  widen(load_vec<true>(reinterpret_cast<const Vec<T, VEC>*>(dx_add) + i).v, add);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) out[e] += add[e];
 }
 
 // out[c] = sum over p of part[p][c], p in order: each block takes 32 columns, its 8 thread rows

@@ -107,7 +107,10 @@ __global__ void __launch_bounds__(kLongBackwardThreads) long_backward_apply_kern
         dw[e] = fma(gs[e], xhat, dw[e]);
         db[e] += gs[e];
       }
-      if (a.dx) store_vec(reinterpret_cast<V*>(a.dx + (row + u) * a.n) + i, pack<T>(out));
+      if (a.dx) {
+        add_gradient(a.dx_add ? a.dx_add + (row + u) * a.n : nullptr, i, out);
+        store_vec(reinterpret_cast<V*>(a.dx + (row + u) * a.n) + i, pack<T>(out));
+      }
     }
   }
 #pragma unroll
@@ -144,7 +147,7 @@ static inline const char* launch_long_backward(const NormBackwardParams& p, int6
   auto* moments = static_cast<ChunkMoments*>(p.workspace);
   auto* coeffs = reinterpret_cast<GradCoeffs<A>*>(moments + p.outer * chunks);
   BackwardArgs<T, W> a{static_cast<const T*>(p.x), static_cast<const T*>(p.dy), static_cast<const W*>(p.weight),
-                       static_cast<T*>(p.dx), p.outer, p.n, 1, p.x_outer_stride, p.eps, p.rms, dw_part, db_part};
+                       static_cast<T*>(p.dx), static_cast<const T*>(p.dx_add), p.outer, p.n, 1, p.x_outer_stride, p.eps, p.rms, dw_part, db_part};
   long_backward_moments_kernel<T, W, VEC><<<unsigned(p.outer * chunks), kLongBackwardThreads, 0, stream>>>(
       a, chunks, moments);
   long_backward_coeffs_kernel<T><<<unsigned(p.outer), kLongBackwardThreads, 0, stream>>>(

@@ -76,7 +76,7 @@ static inline const char* backward_channel(const NormBackwardParams& p, cudaStre
 template <typename T, typename W>
 static inline const char* backward_layout(const NormBackwardParams& p, cudaStream_t stream, int64_t* workspace_bytes) {
   constexpr int kVec = 16 / sizeof(T);
-  const bool aligned = aligned16(p.x) && aligned16(p.dy) && aligned16(p.dx) && p.x_outer_stride % kVec == 0;
+  const bool aligned = aligned16(p.x) && aligned16(p.dy) && aligned16(p.dx) && aligned16(p.dx_add) && p.x_outer_stride % kVec == 0;
   if (p.inner > 1) {
     return aligned && p.inner % kVec == 0 ? backward_channel<T, W, kVec>(p, stream, workspace_bytes)
                                           : backward_channel<T, W, 1>(p, stream, workspace_bytes);

@@ -126,7 +126,10 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1) row_backward_kernel(Ba
         dw[k][e] = fma(gs[e], xhat, dw[k][e]);
         db[k][e] += gs[e];
       }
-      if (a.dx) store_vec<false>(dxv + i, pack<T>(out));
+      if (a.dx) {
+        add_gradient(a.dx_add ? a.dx_add + (c ? row : 0) * a.n : nullptr, i, out);
+        store_vec<false>(dxv + i, pack<T>(out));
+      }
     }
   }
   // The block's partial: its groups' sums added in group order (through shared memory, which holds
@@ -220,7 +223,7 @@ template <typename T, typename W, int VEC>
 static inline const char* launch_row_backward(const NormBackwardParams& p, const RowBackwardPlan& plan, void* dw_part,
                                        void* db_part, cudaStream_t stream) {
   BackwardArgs<T, W> a{static_cast<const T*>(p.x), static_cast<const T*>(p.dy), static_cast<const W*>(p.weight),
-                       static_cast<T*>(p.dx), p.outer, p.n, 1, p.x_outer_stride, p.eps, p.rms, dw_part, db_part};
+                       static_cast<T*>(p.dx), static_cast<const T*>(p.dx_add), p.outer, p.n, 1, p.x_outer_stride, p.eps, p.rms, dw_part, db_part};
   const void* kernel = row_backward_kernel_of<T, W, VEC, row_backward_max_k<T, VEC>()>(plan.k);
   int tpr = plan.tpr;
   void* args[] = {&a, &tpr};

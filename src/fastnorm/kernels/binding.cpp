@@ -5,9 +5,11 @@
 #ifndef FASTNORM_INLINE  // load_inline's source starts with torch/extension.h, which has all of these
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #endif
+#include <string>
 #include <vector>
 
 #include "binding.h"
@@ -173,12 +175,64 @@ at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& we
   return y;
 }
 
+// Pre-norm residual blocks: h = x + residual (in x's dtype, or float32 with residual_in_fp32) and
+// y = norm(h), returned as (y, h). One kernel on CUDA last-dim rows a block holds (x and residual
+// read once, h and y written once); elsewhere h is added first and normalized by norm_forward.
+std::vector<at::Tensor> add_norm_forward(const at::Tensor& x, const at::Tensor& residual,
+                                         const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                                         int64_t begin_dim, int64_t end_dim, double eps, bool rms,
+                                         bool residual_in_fp32) {
+  NormCall c = prepare_call(x, weight, bias, begin_dim, end_dim, rms);
+  TORCH_CHECK(residual.sizes() == x.sizes(), "fastnorm: residual has shape ", residual.sizes(), ", input ", x.sizes());
+  TORCH_CHECK(residual.device() == x.device(), "fastnorm: residual on ", residual.device(), ", input on ", x.device());
+  const at::ScalarType hdtype = residual_in_fp32 && x.scalar_type() != at::kDouble ? at::kFloat : x.scalar_type();
+  TORCH_CHECK(residual.scalar_type() == x.scalar_type() || residual.scalar_type() == hdtype,
+              "fastnorm: residual dtype ", residual.scalar_type(), " must be the input's (", x.scalar_type(), ")",
+              residual_in_fp32 ? " or float32" : "");
+#ifdef FASTNORM_CUDA
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  if (c.inner == 1 && x.numel() > 0) {
+    const auto contiguous = x.options().memory_format(at::MemoryFormat::Contiguous);
+    at::Tensor y = at::empty(x.sizes(), contiguous);
+    at::Tensor h = at::empty(x.sizes(), contiguous.dtype(hdtype));
+    const at::Tensor r = residual.to(hdtype).contiguous();
+    const auto [xc, outer_stride] = strided_input(x, begin_dim, c.n);
+    NormParams p{};
+    p.x = xc.data_ptr();
+    p.y = y.data_ptr();
+    p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
+    p.bias = c.b.defined() ? c.b.data_ptr() : nullptr;
+    p.outer = c.outer;
+    p.n = c.n;
+    p.inner = 1;
+    p.x_outer_stride = outer_stride;
+    p.dtype = c.code;
+    p.wdtype = c.has_params ? dtype_code(c.wtype) : FN_NONE;
+    p.rms = rms ? 1 : 0;
+    p.eps = eps;
+    p.residual = r.data_ptr();
+    p.h = h.data_ptr();
+    p.hdtype = dtype_code(hdtype);
+    const char* err = fastnorm_cuda_forward(p, c10::cuda::getCurrentCUDAStream().stream());
+    if (err == nullptr) return {y, h};
+    TORCH_CHECK(std::string(err) == FASTNORM_RESIDUAL_NOT_FUSED, "fastnorm kernel failed: ", err);
+  }
+#endif
+  const at::Tensor h = at::add(x.to(hdtype), residual.to(hdtype));
+  at::Tensor y = norm_forward(h, weight, bias, begin_dim, end_dim, eps, rms, 0, 0);
+  if (y.scalar_type() != x.scalar_type()) y = y.to(x.scalar_type());
+  return {y, h};
+}
+
 // Gradients of y = norm(x) [* weight + bias] given dy: (dx, dweight, dbias), each an empty tensor
 // where not asked for. dweight / dbias come in the dtype the kernels use for the parameters (the
 // caller casts them to the parameters' own). Bias is passed for its presence and dtype only.
+// dx_add (optional, like x) is added to dx in the same pass: a residual block's h also gets the
+// gradient of its later uses.
 std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                                       const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
-                                      double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias) {
+                                      double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias,
+                                      const c10::optional<at::Tensor>& dx_add) {
   NormCall c = prepare_call(x, weight, bias, begin_dim, end_dim, rms);
   TORCH_CHECK(dy.sizes() == x.sizes(), "fastnorm: grad has shape ", dy.sizes(), ", input ", x.sizes());
   TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "fastnorm: grad dtype ", dy.scalar_type(), ", input ",
@@ -201,12 +255,20 @@ std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x,
   }
   const auto [xc, outer_stride] = strided_input(x, begin_dim, c.n * c.inner);
   const at::Tensor dyc = dy.contiguous();
+  at::Tensor add;
+  if (need_dx && dx_add.has_value() && dx_add->defined()) {
+    TORCH_CHECK(dx_add->sizes() == x.sizes() && dx_add->device() == x.device(), "fastnorm: dx_add must be like x");
+    add = dx_add->to(x.scalar_type()).contiguous();
+  }
 
   NormBackwardParams p{};
   p.x = xc.data_ptr();
   p.dy = dyc.data_ptr();
   p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
   p.dx = need_dx ? dx.data_ptr() : nullptr;
+#ifdef FASTNORM_CUDA
+  p.dx_add = add.defined() ? add.data_ptr() : nullptr;
+#endif
   p.dweight = need_dweight ? dw.data_ptr() : nullptr;
   p.dbias = need_dbias ? db.data_ptr() : nullptr;
   p.outer = c.outer;
@@ -228,6 +290,7 @@ std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x,
   const char* err = fastnorm_cuda_backward(p, c10::cuda::getCurrentCUDAStream().stream());
 #else
   const char* err = fastnorm_cpu_backward(p);
+  if (err == nullptr && add.defined()) dx.add_(add);  // the CPU kernels leave the sum to ATen
 #endif
   TORCH_CHECK(err == nullptr, "fastnorm backward kernel failed: ", err);
   return {dx, dw, db};

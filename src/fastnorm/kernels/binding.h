@@ -16,4 +16,10 @@ at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& we
 
 std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                                       const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
-                                      double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias);
+                                      double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias,
+                                      const c10::optional<at::Tensor>& dx_add);
+
+std::vector<at::Tensor> add_norm_forward(const at::Tensor& x, const at::Tensor& residual,
+                                         const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                                         int64_t begin_dim, int64_t end_dim, double eps, bool rms,
+                                         bool residual_in_fp32);

@@ -120,7 +120,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("eps"), py::arg("rms"), py::arg("threads") = 0, py::arg("blocks_per_row") = 0);
   m.def("norm_backward", &norm_backward, "(dx, dweight, dbias) of norm_forward given the output gradient dy",
         py::arg("dy"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"),
-        py::arg("eps"), py::arg("rms"), py::arg("need_dx"), py::arg("need_dweight"), py::arg("need_dbias"));
+        py::arg("eps"), py::arg("rms"), py::arg("need_dx"), py::arg("need_dweight"), py::arg("need_dbias"),
+        py::arg("dx_add") = py::none());
+  m.def("add_norm_forward", &add_norm_forward, "(y, h): h = x + residual, y = norm(h) over dims [begin_dim, end_dim)",
+        py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"),
+        py::arg("end_dim"), py::arg("eps"), py::arg("rms"), py::arg("residual_in_fp32"));
   m.def("try_layer_norm",
         [](py::handle x, py::handle shape, py::handle dim, py::handle w, py::handle b, py::handle eps) {
           return try_norm(x, shape, dim, w, b, eps, false);

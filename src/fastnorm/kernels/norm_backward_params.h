@@ -13,6 +13,8 @@ struct NormBackwardParams {
   const void* dy;
   const void* weight;  // n elements or null (then w = 1)
   void* dx;            // may be null when dx is not wanted
+  const void* dx_add;  // null, or a tensor like dx added to it: the gradient a residual block's h
+                       // gets from later layers (contiguous, x's dtype)
   void* dweight;       // n elements of the weight dtype, or null when not wanted
   void* dbias;         // n elements of the weight dtype, or null (always null for RMSNorm)
   int64_t outer;

@@ -30,4 +30,13 @@ struct NormParams {
   // Scratch space for the CUDA split-row kernel, zero-filled by the caller.
   void* workspace;
   int64_t workspace_bytes;
+  // Fused residual add (pre-norm blocks): when `residual` is set, h = x + residual is written to `h`
+  // and normalized instead of x. Both contiguous (outer, n), of dtype `hdtype` (x's or float32).
+  // Kernels that cannot fuse it return kResidualNotFused, and the caller adds first.
+  const void* residual;
+  void* h;
+  int hdtype;
 };
+
+// What a forward returns when it does not fuse the residual add for this call.
+#define FASTNORM_RESIDUAL_NOT_FUSED "residual add not fused for this call"

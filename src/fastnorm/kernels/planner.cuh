@@ -9,6 +9,8 @@
 //                       fewer rows than SMs, at most 1024 vectors         few_rows (few_rows_kernel.cuh)
 //                       longer rows than a block caches, or few of them   split_slice / split_row_norm (split_kernels.cuh)
 //                       everything else (rows of up to 96 KB)             row_norm (row_kernel.cuh)
+//   with a residual     last-dim rows of up to 1024 x 16 elements         residual_row (residual_rows.cuh)
+//                       (anything else: not fused, the caller adds first)
 //
 // Each kernel file holds the kernel, the rule of when it takes a call where that rule is its own,
 // its launch configuration and its launcher. Shared device code: cuda_vec.cuh (types, conversions,
@@ -32,6 +34,7 @@
 #include "few_rows_kernel.cuh"
 #include "resident_kernel.cuh"
 #include "row_kernel.cuh"
+#include "residual_rows.cuh"
 #include "split_kernels.cuh"
 #include "streamed_kernels.cuh"
 
@@ -193,9 +196,20 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
   return launch_result(err);
 }
 
+// Fused residual add: h of x's dtype or float32.
+template <typename T, typename W, int VEC>
+static inline const char* dispatch_residual(const NormParams& p, cudaStream_t stream) {
+  if (p.hdtype == p.dtype) return launch_residual<T, T, W, VEC>(p, stream);
+  if constexpr (!std::is_same<T, float>::value && !std::is_same<T, double>::value) {
+    if (p.hdtype == FN_F32) return launch_residual<T, float, W, VEC>(p, stream);
+  }
+  return FASTNORM_RESIDUAL_NOT_FUSED;
+}
+
 template <typename T, typename W>
 static inline const char* dispatch_layout(const NormParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
+  if (p.residual) return row_vec(p) > 1 ? dispatch_residual<T, W, kVec>(p, stream) : dispatch_residual<T, W, 1>(p, stream);
   if (p.inner == 1) return row_vec(p) > 1 ? launch_rows<T, W, kVec>(p, stream) : launch_rows<T, W, 1>(p, stream);
   const bool vec_ok = aligned16(p.x) && aligned16(p.y) && p.inner % kVec == 0 && p.x_outer_stride % kVec == 0;
   return vec_ok ? launch_strided<T, W, kVec>(p, stream) : launch_strided<T, W, 1>(p, stream);

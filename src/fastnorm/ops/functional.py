@@ -1,9 +1,9 @@
 """Public functional API: torch.nn.functional semantics, plus normalization over any axis (`dim`)."""
 import torch
 
-from fastnorm.ops import extension, norm_ops  # norm_ops registers torch.ops.fastnorm.*
+from fastnorm.ops import extension, norm_ops, residual_ops  # they register torch.ops.fastnorm.*
 from fastnorm.ops.direct import direct_call_ok
-from fastnorm.ops.validate import check_affine, norm_dims
+from fastnorm.ops.validate import check_affine, check_residual, norm_dims
 
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
@@ -19,12 +19,23 @@ def _fast_entry(x):
     return _built.get("cuda" if x.is_cuda else "cpu")
 
 
-def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e-5, *, dim=None):
+def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e-5, *, dim=None, residual=None,
+               residual_in_fp32=False):
     """LayerNorm of `x` over its trailing `normalized_shape` dims, or over the consecutive dims `dim`.
 
     Same semantics as torch.nn.functional.layer_norm; `dim=1` normalizes the channels of an NCHW tensor
     in place of the trailing dims (weight and bias then have shape x.shape[dim]).
+    With `residual`: returns (y, h), h = x + residual (float32 with residual_in_fp32), y = layer_norm(h),
+    fused in one kernel where it can be.
     """
+    if residual is not None:
+        begin, end = norm_dims(x, normalized_shape, dim, "layer_norm")
+        check_affine(x, begin, end, "layer_norm", weight=weight, bias=bias)
+        check_residual(x, residual, residual_in_fp32, "layer_norm")
+        args = (x, residual, begin, end, weight, bias, float(eps), bool(residual_in_fp32))
+        if direct_call_ok(x, residual, weight, bias):
+            return residual_ops.add_layer_norm_kernel(*args)
+        return torch.ops.fastnorm.add_layer_norm(*args)
     ext = _fast_entry(x)
     if ext is not None:
         y = ext.try_layer_norm(x, normalized_shape, dim, weight, bias, eps)
@@ -37,11 +48,22 @@ def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e
     return torch.ops.fastnorm.layer_norm(x, begin, end, weight, bias, float(eps))
 
 
-def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None):
+def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None, residual=None, residual_in_fp32=False):
     """RMSNorm: x / sqrt(mean(x**2) + eps) [* weight], over trailing dims or the consecutive dims `dim`.
 
     Same semantics as torch.nn.functional.rms_norm (eps None means torch.finfo(x.dtype).eps).
+    With `residual`: returns (y, h), h = x + residual (float32 with residual_in_fp32), y = rms_norm(h),
+    fused in one kernel where it can be.
     """
+    if residual is not None:
+        begin, end = norm_dims(x, normalized_shape, dim, "rms_norm")
+        check_affine(x, begin, end, "rms_norm", weight=weight)
+        check_residual(x, residual, residual_in_fp32, "rms_norm")
+        eps = torch.finfo(x.dtype).eps if eps is None else eps
+        args = (x, residual, begin, end, weight, float(eps), bool(residual_in_fp32))
+        if direct_call_ok(x, residual, weight):
+            return residual_ops.add_rms_norm_kernel(*args)
+        return torch.ops.fastnorm.add_rms_norm(*args)
     ext = _fast_entry(x)
     if ext is not None:
         y = ext.try_rms_norm(x, normalized_shape, dim, weight, eps)

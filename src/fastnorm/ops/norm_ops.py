@@ -14,8 +14,10 @@ _lib = torch.library.Library("fastnorm", "DEF")
 _lib.define("layer_norm(Tensor x, int begin_dim, int end_dim, Tensor? weight, Tensor? bias, float eps) -> Tensor")
 _lib.define("rms_norm(Tensor x, int begin_dim, int end_dim, Tensor? weight, float eps) -> Tensor")
 # Gradients (dx, dweight, dbias) of either norm; an output not asked for (need_*) is an empty tensor.
+# dx_add (optional, like x) is added to dx: the fused residual ops' h also gets its own later gradient.
 _lib.define("norm_backward(Tensor dy, Tensor x, int begin_dim, int end_dim, Tensor? weight, Tensor? bias, "
-            "float eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias) -> (Tensor, Tensor, Tensor)")
+            "float eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias, Tensor? dx_add=None) "
+            "-> (Tensor, Tensor, Tensor)")
 
 
 def layer_norm_kernel(x, begin_dim, end_dim, weight, bias, eps):
@@ -28,10 +30,11 @@ def rms_norm_kernel(x, begin_dim, end_dim, weight, eps):
     return extension.load(x.device.type).norm_forward(x, weight, None, begin_dim, end_dim, eps, True, 0, 0)
 
 
-def norm_backward_kernel(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias):
+def norm_backward_kernel(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias,
+                         dx_add=None):
     """The backward kernels: dweight / dbias come back in the dtype and shape of weight / bias."""
     dx, dw, db = extension.load(x.device.type).norm_backward(
-        dy, x, weight, bias, begin_dim, end_dim, eps, rms, need_dx, need_dweight, need_dbias)
+        dy, x, weight, bias, begin_dim, end_dim, eps, rms, need_dx, need_dweight, need_dbias, dx_add)
     if need_dweight:
         dw = dw.reshape(weight.shape).to(weight.dtype)
     if need_dbias:
@@ -56,7 +59,8 @@ def _rms_norm_fake(x, begin_dim, end_dim, weight, eps):
 
 
 @torch.library.register_fake("fastnorm::norm_backward")
-def _norm_backward_fake(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias):
+def _norm_backward_fake(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias,
+                        dx_add=None):
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else x.new_empty(0)
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dweight else x.new_empty(0)
     db = torch.empty_like(bias, memory_format=torch.contiguous_format) if need_dbias else x.new_empty(0)

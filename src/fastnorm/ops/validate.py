@@ -72,3 +72,17 @@ def check_affine(x: torch.Tensor, begin: int, end: int, op: str, **params) -> No
             raise ValueError(f"fastnorm.{op}: {name} has shape {list(t.shape)}, expected {list(expected)}")
         if t.device != x.device:
             raise ValueError(f"fastnorm.{op}: {name} is on {t.device} but the input is on {x.device}")
+
+
+def check_residual(x: torch.Tensor, residual, residual_in_fp32: bool, op: str) -> None:
+    """The residual of a fused add: a tensor like x, of x's dtype (or float32 with residual_in_fp32)."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"fastnorm.{op}: residual must be a torch.Tensor, got {type(residual).__name__}")
+    if residual.shape != x.shape:
+        raise ValueError(f"fastnorm.{op}: residual has shape {tuple(residual.shape)}, input {tuple(x.shape)}")
+    if residual.device != x.device:
+        raise ValueError(f"fastnorm.{op}: residual is on {residual.device}, input on {x.device}")
+    allowed = {x.dtype} | ({torch.float32} if residual_in_fp32 else set())
+    if residual.dtype not in allowed:
+        raise TypeError(f"fastnorm.{op}: residual dtype {residual.dtype} must be the input's ({x.dtype})"
+                        + (" or float32" if residual_in_fp32 else ""))
