@@ -67,7 +67,12 @@ def _build(device_type: str):
     name = extension_name(device_type)
     build_dir = _build_root() / name
     build_dir.mkdir(parents=True, exist_ok=True)
-    fresh = not any(build_dir.glob(f"{name}*.so")) and not any(build_dir.glob(f"{name}*.pyd"))
+    built = sorted(build_dir.glob(f"{name}*.so")) + sorted(build_dir.glob(f"{name}*.pyd"))
+    if built:
+        module = _import_built(name, built[0])
+        if module is not None:
+            return module
+    fresh = not built
     if fresh:
         print(f"fastnorm: building the {device_type} kernels in {build_dir} (first use only)...",
               file=sys.stderr, flush=True)
@@ -87,3 +92,20 @@ def _build(device_type: str):
         print(f"fastnorm: {device_type} kernels built in {time.perf_counter() - start:.1f} s",
               file=sys.stderr, flush=True)
     return module
+
+
+def _import_built(name: str, path: Path):
+    """The module of an earlier build, imported directly: its name holds the hash of every source,
+    flag and the torch version, so it is current, and the import skips cpp_extension.load's toolchain
+    and ninja checks (0.5 s of every process start). None if it does not import (then it is rebuilt)."""
+    import importlib.machinery
+    import importlib.util
+
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+        spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module
+    except (ImportError, OSError):
+        return None
