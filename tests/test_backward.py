@@ -85,7 +85,7 @@ def run_case(device, shape, begin, end, dtype, affine, rms, offset=0.0, wdtype=N
 
 
 # (shape, begin, end): last-dim rows through each CUDA path (fused rows: short, tiny, one row a
-# block, one stage; long rows: beyond 1024 threads x 4 vectors or 200 KB, unaligned long rows), and channel axes.
+# block; long rows: beyond 1024 threads x 8 elements, unaligned long rows), and channel axes.
 LAYOUTS = [
     ((64, 1024), 1, 2), ((8, 1), 1, 2), ((5, 3), 1, 2), ((33, 257), 1, 2), ((16, 4096), 1, 2),
     ((3, 8192), 1, 2), ((4, 20000), 1, 2), ((2, 3, 1000), 2, 3), ((6, 16384), 1, 2), ((3, 5001), 1, 2),

@@ -2,9 +2,8 @@
 //
 //   layout      call                                                   kernels (file)
 //   inner > 1   any                                                    channel_backward_* (backward_channel.cuh)
-//   inner == 1  rows a block holds (<= 1024 threads x 4 vectors, x     row_backward (backward_rows.cuh)
-//               and dy of its rows and its dweight / dbias sums in
-//               <= 200 KB of shared memory)
+//   inner == 1  rows a block holds (<= 1024 threads x 8 elements, x     row_backward (backward_rows.cuh)
+//               and dy of its rows in <= 200 KB of shared memory)
 //               longer rows                                            long_backward_* (backward_long_rows.cuh)
 // then, for dweight / dbias, reduce_partials (backward_common.cuh) over the partials the kernels wrote.
 //

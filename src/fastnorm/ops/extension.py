@@ -62,16 +62,16 @@ def load(device_type: str):
 def _build(device_type: str):
     from torch.utils import cpp_extension
 
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("fastnorm: CUDA kernels requested but torch sees no CUDA device")
     name = extension_name(device_type)
     build_dir = _build_root() / name
-    build_dir.mkdir(parents=True, exist_ok=True)
     built = sorted(build_dir.glob(f"{name}*.so")) + sorted(build_dir.glob(f"{name}*.pyd"))
     if built:
         module = _import_built(name, built[0])
         if module is not None:
             return module
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("fastnorm: CUDA kernels requested but torch sees no CUDA device")
+    build_dir.mkdir(parents=True, exist_ok=True)
     fresh = not built
     if fresh:
         print(f"fastnorm: building the {device_type} kernels in {build_dir} (first use only)...",
