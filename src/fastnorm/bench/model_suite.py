@@ -1,0 +1,123 @@
+"""`fastnorm bench --suite model`: a small Hugging Face Llama, as built by transformers from a config
+(no download), with its own RMSNorm and patched by `fastnorm.patch`, in tokens per second: the
+forward (inference, no grad) and a training step (forward + backward, no optimizer), each as is and,
+on CUDA, under torch.compile.
+
+Needs `transformers` (`pip install transformers`): without it the suite prints how to get it and
+writes nothing.
+"""
+import time
+from dataclasses import asdict, dataclass
+from typing import List, Optional
+
+import torch
+
+# Llama-shaped models: hidden size, layers, heads, KV heads, MLP width, vocabulary, batch, sequence.
+CONFIGS = {
+    "cuda": dict(hidden_size=2048, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+                 intermediate_size=5632, vocab_size=32000, batch=8, seq=1024, dtype="bf16"),
+    "cpu": dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=512, vocab_size=1024, batch=2, seq=128, dtype="fp32"),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class ModelRow:
+    mode: str        # "forward" or "train"
+    variant: str     # "pytorch" or "fastnorm", with " + compile" where compiled
+    ms: Optional[float]
+    tokens_per_s: Optional[float]
+    note: str = ""
+
+
+def _llama(device: str, cfg: dict):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"],
+                         num_attention_heads=cfg["num_attention_heads"],
+                         num_key_value_heads=cfg["num_key_value_heads"],
+                         intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+                         max_position_embeddings=cfg["seq"], attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to(device=device, dtype=DTYPES[cfg["dtype"]])
+
+
+def _time(fn, device: str, reps: int) -> float:
+    """Median milliseconds of `fn` after warm-up (CUDA: synchronized wall clock around each call)."""
+    for _ in range(3):
+        fn()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times = []
+    for _ in range(reps):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run(device: str, reps: int = 10, use_compile: Optional[bool] = None, log=print) -> Optional[List[ModelRow]]:
+    """The suite's rows, or None when transformers is missing (after saying so)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        log('the model suite needs transformers: pip install transformers (or "fastnorm[test]")')
+        return None
+    import fastnorm
+
+    cfg = CONFIGS[device]
+    use_compile = device == "cuda" if use_compile is None else use_compile
+    tokens = cfg["batch"] * cfg["seq"]
+    ids = torch.randint(0, cfg["vocab_size"], (cfg["batch"], cfg["seq"]), device=device)
+    rows = []
+    for variant in ("pytorch", "fastnorm"):
+        model = _llama(device, cfg)
+        if variant == "fastnorm":
+            report = fastnorm.patch(model)
+            log(f"model suite: fastnorm.patch replaced {len(report.replaced)} norms")
+        targets = [(variant, model)]
+        if use_compile:
+            targets.append((f"{variant} + compile", torch.compile(model)))
+        for name, m in targets:
+            def forward():
+                with torch.no_grad():
+                    m(input_ids=ids)
+
+            def train():
+                out = m(input_ids=ids, labels=ids)
+                out.loss.backward()
+
+            for mode, fn in (("forward", forward), ("train", train)):
+                try:
+                    ms = _time(fn, device, reps)
+                    rows.append(ModelRow(mode, name, ms, tokens / ms * 1e3))
+                except Exception as exc:  # a failing variant is reported, the others still run
+                    rows.append(ModelRow(mode, name, None, None, f"{type(exc).__name__}: {exc}"[:200]))
+                log(f"  {mode:<8} {name:<22} " + (f"{rows[-1].ms:9.2f} ms  {rows[-1].tokens_per_s:12.0f} tok/s"
+                                                  if rows[-1].ms else f"FAILED {rows[-1].note}"))
+            m.zero_grad(set_to_none=True)
+        del model, targets
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def to_json(device: str, rows: List[ModelRow]) -> dict:
+    cfg = CONFIGS[device]
+    return {"suite": "model", "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "torch": torch.__version__, "config": cfg, "rows": [asdict(r) for r in rows]}
+
+
+def format_rows(rows: List[ModelRow]) -> str:
+    """A table: each variant's time and tokens/s, and fastnorm's speedup over PyTorch in the same mode."""
+    base = {(r.mode, r.variant.replace("fastnorm", "pytorch")): r for r in rows if r.variant.startswith("pytorch")}
+    lines = [f"{'mode':<8} {'variant':<22} {'ms':>9} {'tokens/s':>12} {'vs pytorch':>10}"]
+    for r in rows:
+        ref = base.get((r.mode, r.variant.replace("fastnorm", "pytorch")))
+        speedup = f"{ref.ms / r.ms:9.2f}x" if r.ms and ref and ref.ms and r.variant.startswith("fastnorm") else ""
+        timing = f"{r.ms:9.2f} {r.tokens_per_s:12.0f}" if r.ms else f"{'FAILED':>9} {'':>12}"
+        lines.append(f"{r.mode:<8} {r.variant:<22} {timing} {speedup:>10}")
+    return "\n".join(lines)
