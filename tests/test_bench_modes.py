@@ -245,3 +245,34 @@ def test_compile_in_bwd_mode_turns_buffer_donation_off(monkeypatch):
         row = _runner(mode, use_compile=True)[0].run(LN)
         assert row.impls["compile"].timed and row.impls["compile"].compile_s is not None
         assert seen and set(seen) == {donated}
+
+
+def test_each_implementations_graph_is_freed_before_the_next_one_runs():
+    """bwd keeps a forward graph alive while timing: it must be gone when the next implementation starts
+    (the 7.5 GB RMSNorm seed fits only so)."""
+    import weakref
+
+    outputs = []
+
+    def keeping(case):
+        reference = eager_fn(case)
+
+        def fn(x, w, b):
+            y = reference(x, w, b)
+            outputs.append(weakref.ref(y))
+            return y
+        return fn
+    seen_alive = []
+
+    def eager_watching(case):
+        reference = eager_fn(case)
+
+        def fn(x, w, b):
+            seen_alive.append(sum(ref() is not None for ref in outputs))
+            return reference(x, w, b)
+        return fn
+    run, _ = _runner("bwd", fastnorm_factory=keeping, eager_factory=eager_watching)
+    row = run.run(LN)
+    assert row.status == "ok" and row.impls["eager"].timed
+    # the check's reference call, then eager's own forward: fastnorm's outputs are all dead by then
+    assert seen_alive[-1] == 0 and len(outputs) >= 2

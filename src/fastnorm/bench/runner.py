@@ -236,15 +236,16 @@ class Runner:
 
     def _timed(self, name, make_call, nbytes, compile_s=None) -> ImplResult:
         """Times the callable make_call() returns (for bwd, making it runs the forward): an ImplResult,
-        n/a with the reason when it raises. Its tensors and graph are freed before the next one runs."""
+        n/a with the reason when it raises. Nothing holds the callable afterwards, so its graph and
+        tensors are freed (by reference count) before the next implementation runs."""
         try:
             result = impl_result(self._time(make_call()), nbytes, self.copy_bw)
         except Unavailable as exc:
             result = ImplResult(note=f"skipped: {exc}")
         except Exception as exc:
             result = ImplResult(note=f"n/a: {_short(exc)}")
-        release(self.device)  # outside the handler: the traceback no longer pins its tensors
         if not result.timed:
+            release(self.device)  # outside the handler: the traceback no longer pins its tensors
             self.log(f"  {name}: {result.note}")
             return result
         result.compile_s = compile_s
