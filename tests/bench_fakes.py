@@ -38,13 +38,15 @@ class FakeTimer:
         return stats(self.ms, trials)
 
 
-def fake_row(case: BenchCase, times_ms: dict, copy_bw: float = 1e12, status: str = "ok") -> RowResult:
+def fake_row(case: BenchCase, times_ms: dict, copy_bw: float = 1e12, status: str = "ok",
+             mode: str = "fwd") -> RowResult:
     """A finished row with the given median time per implementation (None: not timed)."""
-    row = RowResult(case, status, CheckResult(1e-6 if status == "ok" else 0.5, status == "ok", 1e-4, 1e-4))
+    row = RowResult(case, status, CheckResult(1e-6 if status == "ok" else 0.5, status == "ok", 1e-4, 1e-4),
+                    mode=mode)
     for name in IMPLS:
         ms = times_ms.get(name)
         if ms is not None:
-            row.impls[name] = impl_result(stats(ms), case.minimal_bytes(), copy_bw)
+            row.impls[name] = impl_result(stats(ms), case.minimal_bytes(mode), copy_bw)
         else:
             row.impls[name].note = "n/a: test"
     return row

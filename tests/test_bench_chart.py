@@ -94,6 +94,9 @@ def test_title_names_device_dtypes_commit_and_timing():
     text = chart.title(doc)
     assert doc["device"] in text and "fp32 + bf16" in text and "commit 38f974b," in text
     assert "device timing" in text and "copy 1000 GB/s" in text
+    assert text.startswith("fastnorm bench, forward: % of copy")  # documents without a mode timed the forward
+    doc["mode"] = "train"
+    assert chart.title(doc).startswith("fastnorm bench, forward + backward: % of copy")
 
 
 def test_labels_come_from_the_document_or_are_rebuilt_for_older_ones():

@@ -1,7 +1,9 @@
 """`fastnorm bench` end to end on this machine's CPU (real fastnorm kernels, real timing), with and
 without matplotlib, plus its argument handling; and a short GPU run where a GPU exists."""
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,8 @@ import torch
 from png_header import SIGNATURE, png_size
 
 import fastnorm
-from fastnorm.bench import chart, cli, report, suites
+from fastnorm.bench import chart, cli, report, runner, suites
+from fastnorm.bench.cases import eager_fn
 
 SRC = Path(fastnorm.__file__).resolve().parents[1]
 
@@ -87,8 +90,47 @@ def test_without_matplotlib_json_and_table_are_written_and_one_line_says_why_no_
     assert capsys.readouterr().out.strip() == chart.MISSING and not list(tmp_path.glob("*.png"))
 
 
+@pytest.fixture
+def eager_as_fastnorm(monkeypatch):
+    """The CLI with PyTorch's eager functions standing in for fastnorm's kernels (no build needed)."""
+    monkeypatch.setattr(cli, "Runner", functools.partial(runner.Runner, fastnorm_factory=eager_fn))
+
+
+@pytest.mark.parametrize("mode", ["bwd", "train"])
+def test_backward_modes_end_to_end(tmp_path, monkeypatch, capsys, eager_as_fastnorm, mode):
+    monkeypatch.chdir(tmp_path)
+    rc = cli.main(["--device", "cpu", "--quick", "--suite", "latency,train", "--op", "rms", "--mode", mode,
+                   "--trials", "2", "--budget-ms", "5"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    name = report.slug(report.device_name(torch.device("cpu")))
+    doc = json.loads((tmp_path / "benchmarks" / "results" / f"bench-{name}-{mode}.json").read_text())
+    expected = suites.select("cpu", quick=True, suites=["latency", "train"], ops=["rms_norm"])
+    assert doc["mode"] == mode and len(doc["rows"]) == len(expected) >= 2
+    for row, case in zip(doc["rows"], expected):
+        assert row["label"] == case.label and row["bytes"] == case.minimal_bytes(mode)
+        assert row["check"]["ok"] and row["impls"]["fastnorm"]["median_us"] > 0
+    assert f"rows, {chart.modes.TITLES[mode]}, compile off" in out
+    assert "worst first" not in out  # only the sweep ranks its rows
+
+
+def test_sweep_prints_its_rows_worst_first(tmp_path, capsys, eager_as_fastnorm):
+    json_path = tmp_path / "s.json"
+    rc = cli.main(["--device", "cpu", "--quick", "--suite", "sweep", "--trials", "2", "--budget-ms", "5",
+                   "--json", str(json_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    ranking = out.split("worst first (sweep): fastnorm against the fastest baseline of each row\n")[1]
+    lines = ranking.splitlines()
+    count = len(suites.select("cpu", quick=True, suites=["sweep"]))
+    ratios = [float(re.split(r"\s{2,}", line)[1].rstrip("x")) for line in lines[2:2 + count]]
+    assert ratios == sorted(ratios) and lines[2 + count].endswith("0 FAILED")
+    doc = json.loads(json_path.read_text())
+    assert doc["mode"] == "fwd" and all("flags" in row and "speedup_vs_best" in row for row in doc["rows"])
+
+
 def test_bad_arguments_exit_with_usage_errors(capsys):
-    for bad in (["--suite", "nope"], ["--timing", "wall"]):
+    for bad in (["--suite", "nope"], ["--timing", "wall"], ["--mode", "backward"]):
         with pytest.raises(SystemExit) as info:
             cli.main(bad)
         assert info.value.code == 2
@@ -106,3 +148,31 @@ def test_gpu_latency_rows_end_to_end(tmp_path):
     doc = json.loads(json_path.read_text())
     assert rc == 0 and doc["device_type"] == "cuda" and doc["copy_bandwidth_gbs"] > 100
     assert all(r["check"]["ok"] and r["impls"]["fastnorm"]["median_us"] > 0 for r in doc["rows"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["bwd", "train"])
+def test_gpu_backward_modes_end_to_end(tmp_path, mode):
+    """fastnorm's CUDA backward checked against float64 and timed next to eager, torch.compile (its
+    backward under retain_graph in bwd mode) and Liger where it imports."""
+    json_path = tmp_path / f"gpu-{mode}.json"
+    rc = cli.main(["--quick", "--suite", "latency", "--mode", mode, "--trials", "5", "--json", str(json_path)])
+    doc = json.loads(json_path.read_text())
+    assert rc == 0 and doc["mode"] == mode
+    for row in doc["rows"]:
+        assert row["check"]["ok"], row
+        for name in ("fastnorm", "eager", "compile"):
+            assert row["impls"][name]["median_us"] > 0, (name, row["impls"][name])
+        liger = row["impls"]["liger"]
+        assert liger["median_us"] is not None or liger["note"].startswith("skipped: liger_kernel not importable")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_sweep_quick_checks_every_layout(tmp_path, capsys):
+    json_path = tmp_path / "sweep.json"
+    rc = cli.main(["--quick", "--suite", "sweep", "--no-compile", "--trials", "5", "--json", str(json_path)])
+    doc = json.loads(json_path.read_text())
+    assert "worst first (sweep)" in capsys.readouterr().out
+    assert rc == 0 and all(row["check"]["ok"] for row in doc["rows"] if row["status"] != "skipped")

@@ -33,7 +33,7 @@ def test_document_schema(tmp_path):
     for row in doc["rows"]:
         assert {"suite", "label", "op", "dtype", "shape", "normalized", "bytes", "check", "impls", "speedup_vs_eager",
                 "speedup_vs_compile"} <= set(row)
-        assert set(row["impls"]) == {"fastnorm", "eager", "compile"}
+        assert set(row["impls"]) == {"fastnorm", "eager", "compile", "liger"}
         assert all(IMPL_KEYS <= set(v) for v in row["impls"].values())
     assert ok["label"] == "RMS fp32 4x16x64x64 dim1"
     assert ok["shape"] == [4, 16, 64, 64] and ok["normalized"] == [1] and ok["bytes"] == case.minimal_bytes()

@@ -9,11 +9,13 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from fastnorm.bench import modes
+
 MISSING = 'charts need matplotlib: pip install "fastnorm[plot]"'
 
-COLORS = {"fastnorm": "#1f77b4", "eager": "#8c8c8c", "compile": "#ff7f0e"}
-EXTRA_COLORS = ("#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")  # other columns, in order
-LEGEND = {"fastnorm": "fastnorm", "eager": "PyTorch eager", "compile": "torch.compile"}
+COLORS = {"fastnorm": "#1f77b4", "eager": "#8c8c8c", "compile": "#ff7f0e", "liger": "#2ca02c"}
+EXTRA_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")  # other columns, in order
+LEGEND = {"fastnorm": "fastnorm", "eager": "PyTorch eager", "compile": "torch.compile", "liger": "Liger"}
 OP_MARKERS = {"layer_norm": "o", "rms_norm": "s"}
 OP_NAMES = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm"}
 FAILED_COLOR = "#c81e1e"
@@ -76,7 +78,7 @@ def row_label(row: dict) -> str:
     from fastnorm.bench.cases import BenchCase
 
     return BenchCase(row["suite"], row["op"], row["dtype"], tuple(row["shape"]), tuple(row["normalized"]),
-                     bool(row.get("affine", True))).label
+                     bool(row.get("affine", True)), offset=row.get("offset", 0), pad=row.get("pad", 0)).label
 
 
 def row_length(row: dict) -> Optional[int]:
@@ -94,8 +96,8 @@ def axis_max(values) -> int:
 
 
 def title(doc: dict, heading: str = "% of copy bandwidth") -> str:
-    """The heading, then what ran where: device, dtypes, torch, commit (when known), copy bandwidth and
-    timing mode."""
+    """The mode and the heading, then what ran where: device, dtypes, torch, commit (when known), copy
+    bandwidth and timing mode. Documents written before modes existed timed the forward."""
     dtypes = _ordered(row["dtype"] for row in doc["rows"] if row.get("dtype"))
     parts = [doc.get("device", "unknown device"), " + ".join(dtypes)]
     if doc.get("torch"):
@@ -107,7 +109,8 @@ def title(doc: dict, heading: str = "% of copy bandwidth") -> str:
     timing = (doc.get("settings") or {}).get("timing")
     if timing:
         parts.append(f"{timing} timing")
-    return f"fastnorm bench: {heading} (higher is better)\n" + ", ".join(parts)
+    mode = modes.TITLES.get(doc.get("mode", "fwd"), doc.get("mode"))
+    return f"fastnorm bench, {mode}: {heading} (higher is better)\n" + ", ".join(parts)
 
 
 def bar_chart_size(n_rows: int, n_impls: int) -> tuple:

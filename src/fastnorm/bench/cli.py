@@ -1,9 +1,12 @@
-"""`fastnorm bench`: fastnorm against PyTorch eager and torch.compile on the device present.
+"""`fastnorm bench`: fastnorm against PyTorch eager, torch.compile and Liger (where installed) on the device present.
 
 Normalization is memory-bound, so every row is also scored against the floor: the bytes it must move
-(x read once, y written once, parameters read once) over the device's measured copy bandwidth.
-Prints progress and a table, writes a JSON document and, with matplotlib (`pip install "fastnorm[plot]"`),
-PNG charts of % of copy per row and against row length. `--chart-from` draws them again from a JSON.
+(forward: x read once, y written once, parameters read once; backward: x and dy read, dx written,
+weight read, its gradients written) over the device's measured copy bandwidth. `--mode` times the
+forward (default), the backward alone or both (a training step's norm).
+Prints progress and a table (the sweep's rows also worst first), writes a JSON document and, with
+matplotlib (`pip install "fastnorm[plot]"`), PNG charts of % of copy per row and against row length.
+`--chart-from` draws them again from a JSON.
 """
 import argparse
 import json
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fastnorm.bench import chart, report, suites
+from fastnorm.bench import chart, modes, ranking, report, suites
 from fastnorm.bench.cases import OPS
 from fastnorm.bench.runner import Runner, TimingPlan
 from fastnorm.bench.table import fmt_bytes, format_table
@@ -49,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"only these dtypes: {', '.join(suites.SUITE_DTYPES)}")
     p.add_argument("--op", type=_choices(OPS, OP_ALIASES), action="extend",
                    help="only these ops: layer_norm (ln), rms_norm (rms)")
+    p.add_argument("--mode", choices=modes.MODES, default="fwd",
+                   help="what is timed: fwd (default) the forward; bwd the backward alone (the forward runs "
+                        "once, untimed; autograd.grad with retain_graph); train forward + backward")
     p.add_argument("--quick", action="store_true", help="a small subset with fewer trials (~1 min on a GPU)")
     p.add_argument("--compile", dest="use_compile", action=argparse.BooleanOptionalAction, default=None,
                    help="time torch.compile too (default: on for cuda, off for cpu)")
@@ -61,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="device (default): events bracket the call while the GPU is still busy with the L2 "
                         "flush, so host-side time overlaps as in a GPU-bound program (like triton's do_bench); "
                         "host: the GPU is idle when the call starts, so its Python and launch time count too")
-    p.add_argument("--json", type=Path, help="JSON output (default benchmarks/results/bench-<device>.json)")
+    p.add_argument("--json", type=Path,
+                   help="JSON output (default benchmarks/results/bench-<device>.json, bench-<device>-<mode>.json "
+                        "for bwd and train)")
     p.add_argument("--chart", type=Path,
                    help="PNG chart output (default: the JSON path with .png); the %% of copy against row "
                         "length goes beside it as <name>-rows.png")
@@ -132,28 +140,34 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     name = report.device_name(device)
-    log(f"fastnorm bench on {name} (torch {torch.__version__}): {len(cases)} rows, "
+    log(f"fastnorm bench on {name} (torch {torch.__version__}): {len(cases)} rows, {modes.TITLES[args.mode]}, "
         f"compile {'on' if use_compile else 'off'}, up to {plan.max_trials} trials, {args.timing} timing")
     from fastnorm.harness.timing import copy_bandwidth
 
     copy_bw = copy_bandwidth(device, COPY_BYTES[device.type], include_host=include_host)
     log(f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s (device-to-device, read + write)")
 
-    runner = Runner(device, plan, copy_bw, use_compile=use_compile, log=log)
+    runner = Runner(device, plan, copy_bw, use_compile=use_compile, log=log, mode=args.mode)
     rows = []
     for i, case in enumerate(cases, 1):
-        log(f"[{i}/{len(cases)}] {case.suite}: {case.label} (moves {fmt_bytes(case.minimal_bytes())})")
+        log(f"[{i}/{len(cases)}] {case.suite}: {case.label} (moves {fmt_bytes(case.minimal_bytes(args.mode))})")
         rows.append(runner.run(case))
 
     log("")
     log(format_table(rows, markdown=args.markdown))
+    ranked = [r for r in rows if getattr(suites.SUITES.get(r.case.suite), "rank_worst", False)]
+    if ranked:
+        log(f"\nworst first ({', '.join(sorted({r.case.suite for r in ranked}))}): fastnorm against the fastest "
+            f"baseline of each row")
+        log(ranking.format_ranking(ranked, markdown=args.markdown))
     settings = {"quick": args.quick, "compile": use_compile, "max_trials": plan.max_trials,
                 "min_trials": plan.min_trials, "budget_ms": plan.budget_ms, "warmup": plan.warmup,
                 "flush_l2": plan.flush_l2, "timing": args.timing, "copy_bytes": COPY_BYTES[device.type]}
     doc = report.document(rows, device=device, copy_bw=copy_bw, command=["fastnorm", "bench", *argv],
-                          settings=settings)
+                          settings=settings, mode=args.mode)
     doc["elapsed_s"] = round(time.perf_counter() - started, 1)
-    json_path = args.json or Path("benchmarks/results") / f"bench-{report.slug(name)}.json"
+    stem = f"bench-{report.slug(name)}" + ("" if args.mode == "fwd" else f"-{args.mode}")
+    json_path = args.json or Path("benchmarks/results") / f"{stem}.json"
     chart_path = args.chart or json_path.with_suffix(".png")
     report.write_json(doc, json_path)
     written = [json_path] + write_charts(doc, chart_path)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from fastnorm.bench.runner import IMPLS, ImplResult, RowResult
+from fastnorm.bench import ranking
+from fastnorm.bench.runner import BASELINES, IMPLS, ImplResult, RowResult
 
 _IMPL_KEYS = ("median_us", "min_us", "iqr_us", "trials", "gbs", "pct_copy")
 
@@ -67,8 +68,8 @@ def _impl_doc(r: ImplResult) -> dict:
 def row_doc(row: RowResult) -> dict:
     c = row.case
     doc = {"suite": c.suite, "label": c.label, "op": c.op, "dtype": c.dtype, "shape": list(c.shape),
-           "normalized": list(c.dims), "affine": c.affine, "eps": c.eps, "bytes": c.minimal_bytes(),
-           "status": row.status}
+           "normalized": list(c.dims), "affine": c.affine, "eps": c.eps, "offset": c.offset, "pad": c.pad,
+           "bytes": c.minimal_bytes(row.mode), "status": row.status}
     if row.check is not None:
         doc["check"] = {"max_abs_err": _num(row.check.max_abs_err), "ok": row.check.ok,
                         "atol": row.check.atol, "rtol": row.check.rtol}
@@ -77,15 +78,19 @@ def row_doc(row: RowResult) -> dict:
     else:
         doc["check"] = {"max_abs_err": None, "ok": None}
     doc["impls"] = {name: _impl_doc(row.impls[name]) for name in IMPLS}
-    doc["speedup_vs_eager"] = _num(row.speedup_vs("eager"))
-    doc["speedup_vs_compile"] = _num(row.speedup_vs("compile"))
+    for name in BASELINES:
+        doc[f"speedup_vs_{name}"] = _num(row.speedup_vs(name))
+    doc["best_baseline"] = row.best_baseline()
+    doc["speedup_vs_best"] = _num(row.speedup_vs_best())
+    doc["flags"] = ranking.flags(row)
     if row.note:
         doc["note"] = row.note
     return doc
 
 
-def document(rows, *, device: torch.device, copy_bw: float, command, settings: dict) -> dict:
+def document(rows, *, device: torch.device, copy_bw: float, command, settings: dict, mode: str = "fwd") -> dict:
     return {
+        "mode": mode,
         "device": device_name(device),
         "device_type": device.type,
         "torch": torch.__version__,

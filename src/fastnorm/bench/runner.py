@@ -1,5 +1,7 @@
-"""Runs one bench row on a device: memory gate, correctness check, then timing of fastnorm, PyTorch
-eager and torch.compile. Frees the row's tensors before returning, so the next row starts clean."""
+"""Runs one bench row on a device in one mode (fwd, bwd, train): memory gate, correctness check, then
+timing of fastnorm, PyTorch eager, torch.compile and Liger (where it imports). Frees the row's tensors
+before returning, so the next row starts clean."""
+import contextlib
 from dataclasses import dataclass, field
 import gc
 import math
@@ -9,10 +11,13 @@ from typing import Callable, Optional
 
 import torch
 
-from fastnorm.bench.cases import BenchCase, eager_fn, fastnorm_fn, make_inputs
-from fastnorm.bench.check import CheckResult, compare
+from fastnorm.bench import modes
+from fastnorm.bench.cases import (BenchCase, Unavailable, eager_fn, fastnorm_fn, liger_fn, make_grad_output,
+                                  make_inputs)
+from fastnorm.bench.check import CheckResult, check_gradients, combine, compare
 
-IMPLS = ("fastnorm", "eager", "compile")
+IMPLS = ("fastnorm", "eager", "compile", "liger")
+BASELINES = IMPLS[1:]  # what fastnorm is compared with
 
 
 @dataclass
@@ -53,6 +58,7 @@ class RowResult:
     check: Optional[CheckResult] = None
     impls: dict = field(default_factory=lambda: {name: ImplResult() for name in IMPLS})
     note: str = ""
+    mode: str = "fwd"                 # what was timed (modes.MODES): sets the row's minimal bytes
 
     def speedup_vs(self, baseline: str) -> Optional[float]:
         """baseline time / fastnorm time (both medians), None when either is missing."""
@@ -60,6 +66,16 @@ class RowResult:
         if not (ours.timed and theirs.timed) or ours.median_us <= 0:
             return None
         return theirs.median_us / ours.median_us
+
+    def best_baseline(self) -> Optional[str]:
+        """The fastest timed baseline (eager, compile or liger), None when none was timed."""
+        timed = [name for name in BASELINES if self.impls[name].timed]
+        return min(timed, key=lambda name: self.impls[name].median_us) if timed else None
+
+    def speedup_vs_best(self) -> Optional[float]:
+        """The fastest baseline's time / fastnorm's: below 1 where some baseline beats fastnorm."""
+        best = self.best_baseline()
+        return None if best is None else self.speedup_vs(best)
 
 
 def impl_result(stats, nbytes: int, copy_bw: float) -> ImplResult:
@@ -99,27 +115,47 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _compile_settings(mode: str):
+    """torch.compile's backward donates saved buffers and then refuses retain_graph=True, which the bwd
+    mode's timed call uses: donation off for that mode (torch versions without the switch never donate)."""
+    if mode == "bwd":
+        try:
+            import torch._functorch.config as functorch_config
+        except ImportError:
+            functorch_config = None
+        if hasattr(functorch_config, "donated_buffer"):
+            return functorch_config.patch(donated_buffer=False)
+    return contextlib.nullcontext()
+
+
+class _ReferenceFailed(Exception):
+    """PyTorch's own reference could not run (e.g. out of memory): the row is skipped, not FAILED."""
+
+
 class Runner:
-    """Runs cases on one device. `timer` has harness.timing.time_callable's signature; the fn
-    factories exist so tests can run the runner with stand-ins for fastnorm."""
+    """Runs cases on one device in one mode. `timer` has harness.timing.time_callable's signature; the
+    fn factories exist so tests can run the runner with stand-ins for fastnorm and the baselines."""
 
     def __init__(self, device: torch.device, plan: TimingPlan, copy_bw: float, *, use_compile=True,
                  timer: Optional[Callable] = None, fastnorm_factory=fastnorm_fn, eager_factory=eager_fn,
-                 log: Callable[[str], None] = print, memory_fraction: float = 0.9):
+                 liger_factory=liger_fn, log: Callable[[str], None] = print, memory_fraction: float = 0.9,
+                 mode: str = "fwd"):
         if timer is None:
             from fastnorm.harness.timing import time_callable as timer
-        self.device, self.plan, self.copy_bw = device, plan, copy_bw
+        modes.needs_grad(mode)  # an unknown mode fails here, not after the first row
+        self.device, self.plan, self.copy_bw, self.mode = device, plan, copy_bw, mode
         self.use_compile, self.timer, self.log = use_compile, timer, log
-        self.fastnorm_factory, self.eager_factory = fastnorm_factory, eager_factory
+        self.fastnorm_factory, self.eager_factory, self.liger_factory = fastnorm_factory, eager_factory, liger_factory
         self.memory_fraction = memory_fraction
+        self._told = set()  # skip reasons already logged (one line, not one per row)
 
     def run(self, case: BenchCase) -> RowResult:
         free = free_memory_bytes(self.device)
-        need = case.working_set_bytes()
+        need = case.working_set_bytes(self.mode)
         if free is not None and need > self.memory_fraction * free:
             note = f"needs ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
             self.log(f"  skipped: {note}")
-            return RowResult(case, "skipped", note=note)
+            return RowResult(case, "skipped", note=note, mode=self.mode)
         try:
             return self._run(case)
         finally:
@@ -128,25 +164,21 @@ class Runner:
             release(self.device)
 
     def _run(self, case: BenchCase) -> RowResult:
-        x, w, b = make_inputs(case, self.device)
+        grad = modes.needs_grad(self.mode)
+        x, w, b = make_inputs(case, self.device, requires_grad=grad)
+        dy = make_grad_output(case, self.device) if grad else None
         fast, eager = self.fastnorm_factory(case), self.eager_factory(case)
-        row = RowResult(case, "ok")
+        row = RowResult(case, "ok", mode=self.mode)
 
-        # Correctness first: a row whose output is wrong is reported FAILED and never timed.
+        # Correctness first: a row whose output or gradients are wrong is reported FAILED, never timed.
         try:
-            ref = eager(x, w, b)
-        except Exception as exc:  # e.g. out of memory for the reference itself
-            row.status, row.note = "skipped", f"reference failed: {_short(exc)}"
+            row.check = self._check(case, fast, eager, x, w, b, dy)
+        except _ReferenceFailed as exc:
+            row.status, row.note = "skipped", f"reference failed: {exc}"
             self.log(f"  skipped: {row.note}")
             return row
-        try:
-            out = fast(x, w, b)
-            row.check = compare(out, ref)
-            del out
-        except Exception as exc:
-            row.check = CheckResult(math.nan, False, 0.0, 0.0, _short(exc))
-        del ref
-        release(self.device)
+        finally:
+            release(self.device)
         c = row.check
         self.log(f"  check {'ok' if c.ok else 'FAILED'}: max abs err {c.max_abs_err:.2e}"
                  f" (atol {c.atol:g}, rtol {c.rtol:g}){' ' + c.error if c.error else ''}")
@@ -156,14 +188,45 @@ class Runner:
                 impl.note = "not timed: check failed"
             return row
 
-        nbytes = case.minimal_bytes()
-        row.impls["fastnorm"] = self._timed("fastnorm", lambda: fast(x, w, b), nbytes)
-        row.impls["eager"] = self._timed("eager", lambda: eager(x, w, b), nbytes)
+        nbytes, args = case.minimal_bytes(self.mode), (x, w, b, dy)
+        row.impls["fastnorm"] = self._timed("fastnorm", lambda: modes.timed_call(self.mode, fast, *args), nbytes)
+        row.impls["eager"] = self._timed("eager", lambda: modes.timed_call(self.mode, eager, *args), nbytes)
         if self.use_compile:
-            row.impls["compile"] = self._compiled(eager, (x, w, b), nbytes)
+            row.impls["compile"] = self._compiled(eager, args, nbytes)
         else:
             row.impls["compile"] = ImplResult(note="n/a: compile off")
+        row.impls["liger"] = self._liger(case, args, nbytes)
         return row
+
+    def _check(self, case, fast, eager, x, w, b, dy) -> CheckResult:
+        """fastnorm's output (fwd, train) against eager's, and its gradients (bwd, train) against
+        eager's in float64. Raises _ReferenceFailed when the reference cannot run."""
+        results = {}
+        ref = None
+        if self.mode != "bwd":
+            try:
+                with torch.no_grad():
+                    ref = eager(x, w, b)
+            except Exception as exc:  # e.g. out of memory for the reference itself
+                raise _ReferenceFailed(_short(exc)) from None
+        try:
+            out = fast(x, w, b)
+            if ref is not None:
+                results["y"] = compare(out.detach(), ref)
+                ref = None
+            grads = None
+            if dy is not None:
+                got = iter(torch.autograd.grad(out, modes.grad_inputs(x, w, b), dy))
+                grads = tuple(next(got) if t is not None else None for t in (x, w, b))
+            del out
+        except Exception as exc:
+            return CheckResult(math.nan, False, 0.0, 0.0, _short(exc))
+        if grads is not None:
+            try:
+                results.update(check_gradients(grads, eager, x, w, b, dy, case.dims[0]))
+            except Exception as exc:
+                raise _ReferenceFailed(_short(exc)) from None
+        return combine(results)
 
     def _time(self, fn):
         timing = {"flush_l2": self.plan.flush_l2, "include_host": self.plan.include_host}
@@ -171,9 +234,14 @@ class Runner:
         trials = self.plan.trials_for(probe.median_ms)
         return self.timer(fn, device=self.device, trials=trials, warmup=self.plan.warmup, **timing)
 
-    def _timed(self, name, fn, nbytes, compile_s=None) -> ImplResult:
+    def _timed(self, name, make_call, nbytes, compile_s=None) -> ImplResult:
+        """Times the callable make_call() returns (for bwd, making it runs the forward): an ImplResult,
+        n/a with the reason when it raises. Nothing holds the callable afterwards, so its graph and
+        tensors are freed (by reference count) before the next implementation runs."""
         try:
-            result = impl_result(self._time(fn), nbytes, self.copy_bw)
+            result = impl_result(self._time(make_call()), nbytes, self.copy_bw)
+        except Unavailable as exc:
+            result = ImplResult(note=f"skipped: {exc}")
         except Exception as exc:
             result = ImplResult(note=f"n/a: {_short(exc)}")
         if not result.timed:
@@ -186,20 +254,36 @@ class Runner:
         return result
 
     def _compiled(self, eager, args, nbytes) -> ImplResult:
-        """torch.compile of the eager function, fresh for this shape; n/a when it cannot compile here."""
-        failure = None
+        """torch.compile of the eager function, fresh for this shape; n/a when it cannot compile here.
+        compile_s is the first call's wall time (bwd and train: forward and backward both compile)."""
+        with _compile_settings(self.mode):
+            failure = None
+            try:
+                torch._dynamo.reset()  # each shape compiles on its own, not as a recompile of the last one
+                compiled = torch.compile(eager, dynamic=False)
+                start = time.perf_counter()
+                call = modes.timed_call(self.mode, compiled, *args)
+                call()
+                _sync(self.device)
+                compile_s = time.perf_counter() - start
+            except Exception as exc:
+                failure = ImplResult(note=f"n/a: {_short(exc)}")
+            if failure is not None:
+                release(self.device)
+                self.log(f"  compile: {failure.note}")
+                return failure
+            self.log(f"  compile: compiled in {compile_s:.1f} s")
+            return self._timed("compile", lambda: call, nbytes, compile_s)
+
+    def _liger(self, case, args, nbytes) -> ImplResult:
+        """Liger's LayerNorm / RMSNorm: skipped (with the reason) where liger_kernel does not import or
+        does not take the case."""
         try:
-            torch._dynamo.reset()  # each shape compiles on its own, not as a recompile of the last one
-            compiled = torch.compile(eager, dynamic=False)
-            start = time.perf_counter()
-            compiled(*args)
-            _sync(self.device)
-            compile_s = time.perf_counter() - start
-        except Exception as exc:
-            failure = ImplResult(note=f"n/a: {_short(exc)}")
-        if failure is not None:
-            release(self.device)
-            self.log(f"  compile: {failure.note}")
-            return failure
-        self.log(f"  compile: compiled in {compile_s:.1f} s")
-        return self._timed("compile", lambda: compiled(*args), nbytes, compile_s)
+            liger = self.liger_factory(case)
+        except Unavailable as exc:
+            note = f"skipped: {exc}"
+            if note not in self._told:
+                self._told.add(note)
+                self.log(f"  liger: {note}")
+            return ImplResult(note=note)
+        return self._timed("liger", lambda: modes.timed_call(self.mode, liger, *args), nbytes)
