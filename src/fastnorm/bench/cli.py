@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fastnorm.bench import chart, modes, ranking, report, suites
+from fastnorm.bench import chart, model_suite, modes, ranking, report, suites
 from fastnorm.bench.cases import OPS
 from fastnorm.bench.runner import Runner, TimingPlan
 from fastnorm.bench.table import fmt_bytes, format_table
@@ -46,8 +46,9 @@ def _choices(allowed, aliases=None):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastnorm bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
-    p.add_argument("--suite", type=_choices(suites.SUITES), action="extend",
-                   help=f"only these suites, comma-separated: {', '.join(suites.SUITES)}")
+    p.add_argument("--suite", type=_choices(list(suites.SUITES) + ["model"]), action="extend",
+                   help=f"only these suites, comma-separated: {', '.join(suites.SUITES)}, model (a small "
+                        "transformers Llama, PyTorch's norms against fastnorm.patch, tokens/s; needs transformers)")
     p.add_argument("--dtype", type=_choices(suites.SUITE_DTYPES), action="extend",
                    help=f"only these dtypes: {', '.join(suites.SUITE_DTYPES)}")
     p.add_argument("--op", type=_choices(OPS, OP_ALIASES), action="extend",
@@ -118,6 +119,21 @@ def chart_from(json_path: Path, chart_path) -> int:
     return 0 if written else 1
 
 
+def run_model_suite(device: torch.device, args, use_compile: bool) -> int:
+    """--suite model: its own rows (a whole model, not a norm call), table and JSON."""
+    log(f"fastnorm bench --suite model on {report.device_name(device)} (torch {torch.__version__})")
+    rows = model_suite.run(device.type, reps=3 if args.quick else 10, use_compile=use_compile, log=log)
+    if rows is None:
+        return 2
+    log("")
+    log(model_suite.format_rows(rows))
+    json_path = (args.json if args.json and args.suite == ["model"] else
+                 Path("benchmarks/results") / f"bench-{report.slug(report.device_name(device))}-model.json")
+    report.write_json(model_suite.to_json(device.type, rows), json_path)
+    log(f"wrote {json_path}")
+    return 1 if any(r.ms is None for r in rows) else 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -130,6 +146,11 @@ def main(argv=None) -> int:
     base = PLANS[(device.type, args.quick)]
     max_trials = args.trials or base.max_trials
     min_trials = args.min_trials or min(base.min_trials, max_trials)
+    if args.suite and "model" in args.suite:
+        status = run_model_suite(device, args, use_compile)
+        args.suite = [s for s in args.suite if s != "model"]
+        if not args.suite:
+            return status
     include_host = args.timing == "host"
     plan = TimingPlan(max_trials, min_trials, args.budget_ms or base.budget_ms, base.warmup, args.flush_l2,
                       include_host)
