@@ -1,20 +1,24 @@
 """`fastnorm eval` on CPU: verdicts, cheat detection, isolation, CLI/JSON, plus unit tests of its pieces.
 
-Each evaluation spawns one child process per candidate (~3 s each for `import torch`), so candidates are
-grouped into a few evaluate() calls shared by many tests (module-scoped fixtures).
+Each candidate costs two child processes (the judge and the candidate's own, ~3 s each for `import torch`),
+so candidates are grouped into a few evaluate() calls shared by many tests (module-scoped fixtures).
 """
 import json
 import math
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from fastnorm.harness import VERDICTS, CandidateResult, EvaluationError, evaluate
-from fastnorm.harness import checks, cli, messages
+from fastnorm.harness import checks, cli, messages, shared_tensors
+from fastnorm.harness.channel import ProtocolError, decode_value, encode_value, tensor_leaves
 from fastnorm.harness.report import summarize
-from fastnorm.harness.timing import TimingStats, copy_bandwidth, time_callable
+from fastnorm.harness.tamper import ModuleSnapshot
+from fastnorm.harness.timing import TimingStats, TrialHooks, copy_bandwidth, time_callable
 from fastnorm.harness.timing_verdict import judge_timing
 
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
@@ -27,6 +31,13 @@ RUNTIME_SET = ["good_layer_norm", "wrong_output", "wrong_shape", "raises_in_forw
                "monkeypatches_reference", "degrades_after_warmup"]
 LOAD_SET = ["bad_load_inline_kwarg", "missing_cpp_sources", "compile_error_flag", "compile_error_in_init",
             "no_modelnew", "ctor_raises"]
+# Issue 22: attacks on the evaluator itself (its clock, its checks, its expected outputs, its verdict).
+ATTACK_SET = ["patches_perf_counter", "patches_event_elapsed_time", "patches_synchronize", "rewires_harness",
+              "replaces_harness_module", "gc_referrers_search", "lazy_output", "adapts_to_warmup", "forges_verdict",
+              "ctypes_clock", "records_importer"]
+# Attacks on timing that only the judge's own clock sees; LARGE, so that a cut of 3x is milliseconds.
+CLOCK_SET = ["restores_patched_clock", "rewrites_timing_samples", "disables_tamper_check", "memoized_fast",
+             "good_layer_norm"]
 
 
 def cand(name: str) -> str:
@@ -49,6 +60,24 @@ def runtime_run(tmp_path_factory, quiet_children):
                    "--json", str(json_path), *FAST])
     doc = json.loads(json_path.read_text())
     return rc, doc, {Path(r["candidate"]).stem: r for r in doc["results"]}
+
+
+@pytest.fixture(scope="module")
+def attack_run(quiet_children, tmp_path_factory):
+    """The attacks of issue 22 (warm-up 2: adapts_to_warmup needs two calls back to back)."""
+    import_log = tmp_path_factory.mktemp("imports") / "importers.txt"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FASTNORM_TEST_IMPORT_LOG", str(import_log))
+        report = evaluate(SMALL, list(map(cand, ATTACK_SET)), device="cpu", trials=2, perf_trials=5, warmup=2,
+                          timeout=120, jobs=1)
+    return {Path(r.candidate).stem: r for r in report.results}, import_log.read_text().split()
+
+
+@pytest.fixture(scope="module")
+def clock_run(quiet_children):
+    report = evaluate(LARGE, list(map(cand, CLOCK_SET)), device="cpu", trials=2, perf_trials=5, warmup=1,
+                      timeout=120, jobs=1)
+    return {Path(r.candidate).stem: r for r in report.results}
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +158,14 @@ def test_output_aliasing_an_input_is_cheating(runtime_run):
     assert r["verdict"] == "cheating" and "aliases input #0" in r["message"]
 
 
-def test_returning_the_reference_output_is_cheating(runtime_run):
-    r = runtime_run[2]["returns_reference_output"]
-    assert r["verdict"] == "cheating" and "the reference's output" in r["message"]
+def test_the_reference_output_is_not_in_the_candidates_process(runtime_run):
+    r = runtime_run[2]["returns_reference_output"]  # it scans gc for it, finds nothing, returns zeros
+    assert r["verdict"] == "wrong_output" and "got 0.0" in r["message"], r["message"]
 
 
 def test_unwritten_output_fails(runtime_run):
     r = runtime_run[2]["stale_output"]
-    assert r["verdict"] == "wrong_output"
+    assert r["verdict"] == "wrong_output" and "memory the harness had overwritten" in r["message"]
 
 
 def test_work_finishing_after_return_is_cheating(runtime_run):
@@ -154,9 +183,10 @@ def test_monkeypatching_what_the_reference_calls_is_cheating(runtime_run):
     assert r["verdict"] == "cheating" and "torch.nn.functional.layer_norm" in r["message"]
 
 
-def test_candidate_that_degrades_while_timed_is_caught_after_timing(runtime_run):
-    r = runtime_run[2]["degrades_after_warmup"]
-    assert r["verdict"] == "wrong_output" and "after timing" in r["message"]
+def test_candidate_that_degrades_while_timed_is_caught(runtime_run):
+    r = runtime_run[2]["degrades_after_warmup"]  # a timed call checked at random, or the check after timing
+    assert r["verdict"] == "wrong_output", r["message"]
+    assert "(checked at random)" in r["message"] or "after timing" in r["message"]
 
 
 def test_table_lists_every_candidate(runtime_run, capsys):
@@ -171,6 +201,74 @@ def test_table_lists_every_candidate(runtime_run, capsys):
     for name in RUNTIME_SET:
         assert f"{name}.py" in table
     assert "summary:" in table and "fast_1.5" in table
+
+
+@pytest.mark.parametrize("name, replaced", [("patches_perf_counter", "time.perf_counter"),
+                                            ("patches_event_elapsed_time", "Event.elapsed_time"),
+                                            ("patches_synchronize", "torch.cuda.synchronize"),
+                                            ("rewires_harness", "fastnorm.harness.checks."),
+                                            ("replaces_harness_module", "sys.modules['fastnorm.harness.checks']"),
+                                            ("ctypes_clock", "changed the C function behind time.perf_counter")])
+def test_rebinding_what_the_evaluator_runs_is_cheating(attack_run, name, replaced):
+    r = attack_run[0][name]
+    assert r.verdict == "cheating" and replaced in r.message, r.message
+    assert "noticed after importing the candidate" in r.message
+
+
+def test_expected_outputs_cannot_be_found_through_gc(attack_run):
+    r = attack_run[0]["gc_referrers_search"]
+    assert r.verdict == "wrong_output" and "got 0.0" in r.message, r.message
+
+
+def test_lazy_output_is_cheating_naming_its_type(attack_run):
+    r = attack_run[0]["lazy_output"]
+    assert r.verdict == "cheating" and "LazyLayerNorm" in r.message and "__torch_dispatch__" in r.message, r.message
+    assert "evaluator error" not in r.message
+
+
+def test_candidate_that_adapts_to_warmup_is_caught_in_a_random_timed_call(attack_run):
+    r = attack_run[0]["adapts_to_warmup"]
+    assert r.verdict == "wrong_output" and "(checked at random)" in r.message, r.message
+
+
+def test_forged_verdict_is_not_believed(attack_run):
+    r = attack_run[0]["forges_verdict"]
+    # Undumpable, the judge's /proc/PID/fd is closed to the candidate (wrong_output: it returns zeros); as root
+    # it is not, and the forgery reaches the result pipe, but a result from a worker that was killed is ignored.
+    assert r.verdict in ("wrong_output", "runtime_error"), (r.verdict, r.message)
+    assert r.cand_timing is None
+
+
+def test_candidate_code_runs_only_in_the_candidates_process(attack_run):
+    r = attack_run[0]["records_importer"]
+    assert r.verdict == "ok", r.message
+    importers = attack_run[1]
+    assert importers and all(path.endswith("candidate_process.py") for path in importers), importers
+
+
+def test_clock_tampering_that_rebinds_nothing_is_caught_by_the_judges_clock(clock_run):
+    for name in ("restores_patched_clock", "rewrites_timing_samples", "disables_tamper_check"):
+        r = clock_run[name]
+        assert r.verdict == "cheating", (name, r.verdict, r.message)
+        # restores_patched_clock rebinds the loop's clock for most of the timed calls: a call checked at random
+        # may notice it before the judge's clock does
+        assert "clock disagrees with the judge's" in r.message or "fastnorm.harness.timing._" in r.message, r.message
+    for name in ("rewrites_timing_samples", "disables_tamper_check"):
+        assert "clock disagrees with the judge's" in clock_run[name].message, clock_run[name].message
+    r = clock_run["rewrites_timing_samples"]
+    assert r.cand_timing["external_median_ms"] > 1.5 * r.cand_timing["median_ms"]
+
+
+def test_honest_candidate_agrees_with_the_judges_clock(clock_run):
+    r = clock_run["good_layer_norm"]
+    assert r.verdict == "ok", r.message
+    t = r.cand_timing
+    assert t["loop_overhead_ms"] >= 0 and t["external_excess_ms"] >= 0 and t["external_median_ms"] > 0, t
+
+
+def test_cached_output_is_overwritten_once_returned(clock_run):
+    r = clock_run["memoized_fast"]  # returns the same tensor again: the harness overwrote it after checking it
+    assert r.verdict == "wrong_output" and "an output already returned" in r.message, r.message
 
 
 def test_bad_load_inline_keyword_is_load_error_naming_the_call(load_run):
@@ -207,8 +305,10 @@ def test_missing_class_and_failing_constructor_are_load_errors(load_run):
 
 
 def test_class_option_and_physical_floor(quiet_children):
-    """An honest candidate under another class name is ok; a memoizing one is below the bytes/bandwidth floor."""
-    report = evaluate(LARGE, [cand("memoized_fast")], device="cpu", trials=2, perf_trials=5, warmup=1, timeout=120)
+    """An honest candidate under another class name is ok; a memoizing one is below the bytes/bandwidth floor
+    (with outputs left as returned: see test_cached_output_is_overwritten_once_returned)."""
+    report = evaluate(LARGE, [cand("memoized_fast")], device="cpu", trials=2, perf_trials=5, warmup=1, timeout=120,
+                      scrub_freed_memory=False)
     memo = report.results[0]
     assert memo.verdict == "cheating" and "physical floor" in memo.message, memo.message
     assert memo.cand_ms < report.baseline.floor_ms
@@ -328,6 +428,9 @@ def test_footprint_and_scrub_pattern():
     scrubbed = torch.empty(6, dtype=torch.uint8).fill_(checks.SCRUB_BYTE).view(torch.float16)
     assert checks.count_scrub_pattern(scrubbed) == 3 and scrubbed.isnan().all()
     assert checks.scrub_freed_memory(torch.device("cpu"), [1000, 24]) == 1024
+    returned = torch.randn(3, 4).t()
+    checks.overwrite(returned)
+    assert checks.count_scrub_pattern(returned) == 12
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -359,6 +462,105 @@ def test_judge_timing():
     slow_sync = {**stats, "median_ms": 0.2, "device_tail_ms": 0.09}  # a machine whose idle synchronize is slow
     assert judge_timing(slow_sync, min_bytes=1, copy_bw=1e12, baseline_tail_ms=0.08) is None
     assert judge_timing(slow_sync, min_bytes=1, copy_bw=1e12) is not None
+
+
+def test_judge_timing_compares_with_the_judges_clock():
+    honest = {"median_ms": 1.0, "trials": 10, "device_tail_ms": 0.0, "external_median_ms": 1.04,
+              "external_excess_ms": 0.04, "loop_overhead_ms": 0.02, "loop_overhead_spread_ms": 0.01}
+    assert judge_timing(honest, min_bytes=1, copy_bw=1e12) is None
+    cut = {**honest, "median_ms": 0.34, "external_excess_ms": 0.7}  # reported a third of what the judge saw
+    reason = judge_timing(cut, min_bytes=1, copy_bw=1e12)
+    assert "clock disagrees" in reason and "took 0.68 ms more" in reason and "0.34 ms" in reason, reason
+    noisy = {**cut, "loop_overhead_spread_ms": 0.3}  # a loaded machine: the margin widens
+    assert judge_timing(noisy, min_bytes=1, copy_bw=1e12) is None
+    unseen = {**cut, "external_excess_ms": None}  # the judge never saw a call's start and end apart
+    assert judge_timing(unseen, min_bytes=1, copy_bw=1e12) is None
+    assert judge_timing({k: v for k, v in cut.items() if not k.startswith(("external", "loop"))},
+                        min_bytes=1, copy_bw=1e12) is None  # no external measurement (older reports)
+
+
+def test_time_callable_calls_hooks_outside_the_measured_call():
+    events = []
+
+    class Recorder(TrialHooks):
+        def before_call(self, trial):
+            events.append(("before", trial))
+
+        def after_call(self, trial):
+            events.append(("after", trial))
+
+        def after_trial(self, trial, output):
+            events.append(("trial", trial, output))
+
+        def after_warmup(self, output):
+            events.append(("warmup", output))
+
+    calls = iter(range(100))
+    stats = time_callable(lambda: next(calls), device=torch.device("cpu"), trials=2, warmup=1, flush_l2=False,
+                          hooks=Recorder())
+    assert events == [("warmup", 0), ("before", 0), ("after", 0), ("trial", 0, 1), ("before", 1), ("after", 1),
+                      ("trial", 1, 2)]
+    assert len(stats.samples_ms) == 2 and "samples_ms" not in stats.to_dict()
+
+
+def test_values_cross_the_pipe_as_plain_data():
+    x, y = torch.ones(2), torch.zeros(3)
+    value = [x, (3, 4.5, None), {"eps": 1e-5, "t": y}, torch.float16, "s", [True]]
+    form = json.loads(json.dumps(encode_value(value, tensor=lambda t: 0 if t is x else 1)))
+    back = decode_value(form, tensor=lambda k: ("tensor", k))
+    assert back == [("tensor", 0), (3, 4.5, None), {"eps": 1e-5, "t": ("tensor", 1)}, torch.float16, "s", [True]]
+    assert tensor_leaves(value) == [x, y]
+    with pytest.raises(ValueError):
+        encode_value(object())
+    for bad in ({"tensor": 0}, {"class": "os.system"}, {"tuple": 3}, {"dtype": "object"}):
+        with pytest.raises(ProtocolError):
+            decode_value(bad)
+
+
+def test_shared_buffer_descriptions_are_validated(tmp_path):
+    exporter = shared_tensors.Exporter(torch.device("cpu"), str(tmp_path))
+    raw, desc = exporter.empty(24)
+    shared_tensors.view(raw, torch.float32, (2, 3), (3, 1), 0).copy_(torch.arange(6.0).view(2, 3))
+    mapped = shared_tensors.open_exported(json.loads(json.dumps(desc)), torch.device("cpu"), str(tmp_path))
+    assert mapped.view(torch.float32).tolist() == [0, 1, 2, 3, 4, 5]
+    assert not (tmp_path / desc["file"]).exists()  # unlinked once mapped
+    for bad in ({"nbytes": 8, "file": "../etc/passwd"}, {"nbytes": 8, "file": "buffer-missing"}, {"nbytes": -1},
+                {"nbytes": 8, "ipc": [{"class": "builtins.eval"}]}):
+        with pytest.raises(ProtocolError):
+            shared_tensors.open_exported(bad, torch.device("cuda" if "ipc" in bad else "cpu"), str(tmp_path))
+    # what a CUDA IPC description holds survives JSON, and only whitelisted classes come back
+    args = (torch.Tensor, torch.Size([4]), (1,), 0, torch.storage.TypedStorage, torch.uint8, 0, b"\x00\xff", 4, 0,
+            False, b"/torch_1", 0, None, True)
+    forms = json.loads(json.dumps([shared_tensors._encode(a) for a in args]))
+    assert tuple(shared_tensors._decode(f) for f in forms) == (args[0], (4,)) + args[2:]
+
+
+def test_module_snapshot_names_what_was_rebound():
+    module = types.ModuleType("fastnorm_test_tamper_target")
+    exec("def clock():\n    return 1.0\nclass Event:\n    def elapsed(self):\n        return 2.0\n", vars(module))
+    sys.modules[module.__name__] = module
+    try:
+        snapshot = ModuleSnapshot()
+        assert snapshot.changes() == []
+        original = module.clock
+        module.clock = lambda: 0.5
+        (change,) = snapshot.changes()
+        assert change.startswith(f"replaced {module.__name__}.clock (now function ") and "test_harness.py:" in change
+        module.clock = original
+        original.__code__ = (lambda: 0.5).__code__
+        assert snapshot.changes() == [f"changed the code, defaults or closure of {module.__name__}.clock in place"]
+        module.Event.elapsed = lambda self: 0.0
+        assert any(c.startswith(f"replaced {module.__name__}.Event.elapsed") for c in snapshot.changes())
+        sys.modules[module.__name__] = types.ModuleType(module.__name__)
+        assert snapshot.changes() == [f"replaced sys.modules['{module.__name__}'] (now a module)"]
+        sys.modules[module.__name__] = module
+        sys.setprofile(lambda *a: None)
+        try:
+            assert "installed a hook through sys.setprofile" in snapshot.changes()[0]
+        finally:
+            sys.setprofile(None)
+    finally:
+        del sys.modules[module.__name__]
 
 
 def test_summary_fast_p_and_geomean():

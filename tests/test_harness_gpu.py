@@ -1,7 +1,9 @@
 """`fastnorm eval` on a CUDA GPU: the five real-world seed candidates, the CUDA-only cheats (side streams,
-stale freed memory, illegal memory access) and the guarantee that the evaluating process never touches CUDA.
+stale freed memory, illegal memory access), the attacks on the evaluator itself (issue 22: its clock, its
+checks, its expected outputs, its verdict) and the guarantee that the evaluating process never touches CUDA.
 
-Run on an H100: pytest tests/test_harness_gpu.py -m "cuda and not slow" (about 6 minutes, mostly nvcc builds).
+Run on an H100: FASTNORM_SEEDS=... pytest tests/test_harness_gpu.py -m "cuda and not slow" (about 8 minutes,
+mostly nvcc builds).
 """
 import os
 import shutil
@@ -74,6 +76,11 @@ ADVERSARIAL = ["good_layer_norm", "side_stream", "side_stream_extra_work", "stal
                "inplace_alias", "mutates_input", "memoized_fast", "background_thread", "monkeypatches_reference",
                "oob_write_cuda", "good_layer_norm", "segfault", "out_of_memory", "wrong_output", "wrong_shape",
                "raises_in_forward", "degrades_after_warmup"]
+# Issue 22: the attacks on the evaluator itself, and an honest candidate after them.
+ATTACKS = ["patches_event_elapsed_time", "patches_perf_counter", "patches_synchronize", "rewires_harness",
+           "replaces_harness_module", "gc_referrers_search", "lazy_output", "adapts_to_warmup", "forges_verdict",
+           "ctypes_clock", "restores_patched_clock", "rewrites_timing_samples", "disables_tamper_check",
+           "good_layer_norm"]
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +104,13 @@ def test_adversarial_verdicts_on_cuda(adversarial):
     extra = by("side_stream_extra_work")
     assert extra.verdict == "cheating" and "another stream" in extra.message, extra.message
     stale = by("stale_output")
-    assert stale.verdict == "wrong_output" and "freed memory the harness had overwritten" in stale.message
-    assert by("returns_reference_output").verdict == "cheating"
-    assert "the reference's output" in by("returns_reference_output").message
+    assert stale.verdict == "wrong_output" and "memory the harness had overwritten" in stale.message, stale.message
+    assert by("returns_reference_output").verdict == "wrong_output"  # nothing of the reference's to find
+    assert "got 0.0" in by("returns_reference_output").message
     assert by("inplace_alias").verdict == "cheating" and "aliases input #0" in by("inplace_alias").message
     assert by("mutates_input").verdict == "cheating" and "modified input #0" in by("mutates_input").message
-    memo = by("memoized_fast")
-    assert memo.verdict == "cheating" and "physical floor" in memo.message, memo.message
+    memo = by("memoized_fast")  # its cache is the output it returned, overwritten once checked
+    assert memo.verdict == "wrong_output" and "an output already returned" in memo.message, memo.message
     assert by("background_thread").verdict == "cheating"
     assert by("monkeypatches_reference").verdict == "cheating"
 
@@ -115,7 +122,8 @@ def test_adversarial_verdicts_on_cuda(adversarial):
     assert by("wrong_output").verdict == "wrong_output" and "worst at output #0[" in by("wrong_output").message
     assert by("wrong_shape").verdict == "wrong_shape"
     assert by("raises_in_forward").verdict == "runtime_error"
-    assert by("degrades_after_warmup").verdict == "wrong_output" and "after timing" in by("degrades_after_warmup").message
+    degrades = by("degrades_after_warmup")
+    assert degrades.verdict == "wrong_output" and "checked at random" in degrades.message, degrades.message
 
 
 def test_evaluating_process_never_touches_cuda(adversarial):
@@ -137,13 +145,49 @@ def test_good_candidate_timing_is_consistent(adversarial):
     assert 0.5 < good.pct_of_copy_bw < 133  # eager LayerNorm runs the seed problem at ~2% of copy
 
 
-def test_scrubbing_is_what_stops_stale_outputs():
-    """Without overwriting freed memory, `return torch.empty_like(x)` passes the correctness trial: the allocator
-    hands it the reference's freed output. (The adversarial test shows it fails with the defence on.)"""
+def test_stale_output_fails_without_scrubbing_too():
+    """The old evaluator needed to overwrite freed memory, or `return torch.empty_like(x)` passed: the allocator
+    handed it the reference's freed output. The reference now runs in the judge's process, so the candidate's
+    allocator never held it: wrong even with every overwrite off."""
     report = evaluate(LAYER_NORM, [cand("stale_output")], device="cuda", trials=1, perf_trials=3, timeout=300,
                       floor_check=False, scrub_freed_memory=False)
     r = report.results[0]
-    assert r.verdict == "ok" or "after timing" in r.message, r.message
+    assert r.verdict == "wrong_output", r.message
+
+
+@pytest.fixture(scope="module")
+def attacks():
+    return evaluate(LAYER_NORM, list(map(cand, ATTACKS)), device="cuda", trials=2, perf_trials=20, warmup=3,
+                    timeout=300)
+
+
+def test_attacks_on_the_evaluator_on_cuda(attacks):
+    by = {Path(r.candidate).stem: r for r in attacks.results}
+    for name, replaced in [("patches_event_elapsed_time", "torch.cuda.streams.Event.elapsed_time"),
+                           ("patches_perf_counter", "time.perf_counter"),
+                           ("patches_synchronize", "torch.cuda.synchronize"),
+                           ("rewires_harness", "fastnorm.harness.checks."),
+                           ("replaces_harness_module", "sys.modules['fastnorm.harness.checks']"),
+                           ("ctypes_clock", "changed the C function behind time.perf_counter")]:
+        assert by[name].verdict == "cheating" and replaced in by[name].message, (name, by[name].message)
+    assert by["gc_referrers_search"].verdict == "wrong_output"
+    lazy = by["lazy_output"]
+    assert lazy.verdict == "cheating" and "LazyLayerNorm" in lazy.message, lazy.message
+    adapts = by["adapts_to_warmup"]
+    assert adapts.verdict != "ok" and ("checked at random" in adapts.message or "floor" in adapts.message)
+    assert by["forges_verdict"].verdict in ("wrong_output", "runtime_error"), by["forges_verdict"].message
+    # rebinds the loop's event reader for the whole loop: noticed at a call checked at random
+    restores = by["restores_patched_clock"]
+    assert restores.verdict == "cheating" and "fastnorm.harness.timing._event_elapsed_ms" in restores.message
+    # rebinds nothing / disables the identity checks first: only the judge's own clock sees it
+    for name in ("rewrites_timing_samples", "disables_tamper_check"):
+        r = by[name]
+        assert r.verdict == "cheating" and "clock disagrees with the judge's" in r.message, (name, r.message)
+    good = by["good_layer_norm"]
+    assert good.verdict == "ok", good.message
+    t = good.cand_timing  # the judge's clock agrees with the events to within its wake-up latency
+    assert t["median_ms"] * 0.9 <= t["external_median_ms"] <= t["median_ms"] * 1.1 + 0.1, t
+    assert t["external_excess_ms"] - t["loop_overhead_ms"] < 0.1, t
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
-"""Cheat: finds the reference's result among the process's live tensors (gc) and returns it, computing nothing.
-
-It recognises the result as a tensor of the input's shape, not equal to the input, whose rows have mean ~0 and
-std ~1.
+"""Cheat (issue 22, attack 2): scans the process's live objects (gc) for the reference's result and returns it,
+computing nothing. It recognises the result as a tensor of the input's shape, not equal to the input, whose
+rows have mean ~0 and std ~1. The old evaluator ran the reference in the candidate's process (this got `ok`
+with error 0); now the expected outputs never exist there: wrong_output.
 """
 import gc
 

@@ -1,4 +1,5 @@
-"""Cheat: returns fresh memory without writing it, hoping the allocator hands back the reference's freed output."""
+"""Cheat: returns fresh memory without writing it, hoping the allocator hands back a result computed earlier (the
+reference's, or its own from a previous call)."""
 import torch
 import torch.nn as nn
 

@@ -61,11 +61,21 @@ def count_differences(a: torch.Tensor, b: torch.Tensor) -> int:
     return sum(int((chunk != bb[s:s + chunk.numel()]).sum()) for s, chunk in _flat_chunks(_as_bits(a)))
 
 
+def _scrub_value(t: torch.Tensor) -> int:
+    return 255 if t.dtype == torch.bool or t.element_size() == 1 else -1
+
+
+def overwrite(t: torch.Tensor) -> None:
+    """Fill every byte of `t` with SCRUB_BYTE (in place, through an integer view of its bits)."""
+    if t.numel():
+        _as_bits(t).fill_(_scrub_value(t))
+
+
 def count_scrub_pattern(t: torch.Tensor) -> int:
     """Elements whose bytes are all SCRUB_BYTE - memory the candidate returned without ever writing it."""
     if not isinstance(t, torch.Tensor) or t.numel() == 0:
         return 0
-    pattern = 255 if t.dtype == torch.bool or t.element_size() == 1 else -1
+    pattern = _scrub_value(t)
     return sum(int((chunk == pattern).sum()) for _, chunk in _flat_chunks(_as_bits(t)))
 
 

@@ -3,8 +3,9 @@ child process (see worker.py), so a crash or a poisoned CUDA context costs one c
 and the parent holds no GPU memory however many candidates it evaluates.
 
 Order: the reference baseline (one child), then - with several candidates and jobs > 1 - every candidate is
-imported in parallel so that load_inline builds overlap, then each candidate is verified and timed in its own
-child, one at a time so that timings do not disturb each other.
+imported in parallel so that load_inline builds overlap, then each candidate is verified and timed, one at a
+time so that timings do not disturb each other: by a judge child (judge.py) that runs the candidate in a
+process of its own (candidate_process.py) and never imports the candidate's code.
 """
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from fastnorm.harness.isolation import ChildOutcome, run_worker
-from fastnorm.harness.messages import clip, crash_location, last_error_line, signal_description
+from fastnorm.harness.messages import clip, process_death
 from fastnorm.harness.report import Baseline, CandidateResult, EvalReport
 from fastnorm.harness.timing_verdict import judge_timing
+
+
+SHM_MIN_FREE_BYTES = 4 << 30
 
 
 class EvaluationError(RuntimeError):
@@ -54,6 +58,7 @@ def evaluate(reference, candidates, *, device: str | None = None, trials: int = 
               "perf_trials": perf_trials, "warmup": warmup, "atol": atol, "rtol": rtol, "seed": seed,
               "compile_baseline": compile_baseline, "scrub_freed_memory": scrub_freed_memory}
     root = Path(tempfile.mkdtemp(prefix="fastnorm-eval-"))
+    config["share_dir"] = str(_share_folder(root))
     try:
         say(f"reference: timing {ref_path.name}")
         baseline = _baseline(config, root / "reference", timeout * (2 if compile_baseline else 1))
@@ -81,7 +86,8 @@ def evaluate(reference, candidates, *, device: str | None = None, trials: int = 
             say(f"worker files kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    settings = {k: v for k, v in config.items() if k not in ("reference", "device")}
+        shutil.rmtree(config["share_dir"], ignore_errors=True)
+    settings = {k: v for k, v in config.items() if k not in ("reference", "device", "share_dir")}
     settings.update(timeout=timeout, floor_check=floor_check, jobs=jobs)
     return EvalReport(reference=str(ref_path), baseline=baseline, results=results, settings=settings)
 
@@ -145,14 +151,22 @@ def _result_from(candidate: str, outcome: ChildOutcome, timeout: float, baseline
 
 
 def _death_message(outcome: ChildOutcome, timeout: float, path: str) -> str:
-    stage = outcome.stage
     if outcome.timed_out:
-        return f"no verdict within {timeout:g} s (it was at: {stage}); its whole process group was killed"
-    rc = outcome.returncode
-    if rc is not None and rc < 0:
-        where = crash_location(outcome.log_tail, path)
-        hint = " (out of host memory?)" if rc == -9 else ""
-        return clip(f"the worker was killed by {signal_description(rc)}{hint} during {stage}"
-                    + (f" at {where}" if where else ""))
-    last = last_error_line(outcome.log_tail)
-    return clip(f"the worker exited with code {rc} during {stage}" + (f": {last}" if last else ""))
+        return f"no verdict within {timeout:g} s (it was at: {outcome.stage}); its whole process group was killed"
+    return process_death(outcome.returncode, outcome.log_tail, path, outcome.stage)
+
+
+def _share_folder(root: Path) -> Path:
+    """Where the candidate's process puts the buffers the judge maps on CPU: shared memory when there is room
+    (a container's /dev/shm can be tiny), else beside the worker folders."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            stat = os.statvfs(shm)
+            if stat.f_bavail * stat.f_frsize >= SHM_MIN_FREE_BYTES:
+                return Path(tempfile.mkdtemp(prefix="fastnorm-eval-", dir=shm))
+    except OSError:
+        pass
+    folder = root / "shared"
+    folder.mkdir()
+    return folder

@@ -2,6 +2,7 @@
 
 Torch-free: the parent process never imports torch through this module, so it can never hold a CUDA context
 that a candidate's crash could poison. A fresh `python -m fastnorm.harness.worker` (not a fork) per job.
+The worker's result comes back through a pipe only it holds (not a file a candidate could write).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +33,11 @@ class ChildOutcome:
 def run_worker(config: dict, workdir: Path, timeout_s: float) -> ChildOutcome:
     """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s."""
     workdir.mkdir(parents=True, exist_ok=True)
-    paths = {"result_path": workdir / "result.json", "progress_path": workdir / "progress.txt",
-             "log_path": workdir / "worker.log"}
+    paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log"}
     for path in paths.values():
         path.unlink(missing_ok=True)
-    config = {**config, **{k: str(v) for k, v in paths.items()}}
+    result_r, result_w = os.pipe()
+    config = {**config, **{k: str(v) for k, v in paths.items()}, "result_fd": result_w}
     config_path = workdir / f"config-{config.get('mode', 'job')}.json"
     config_path.write_text(json.dumps(config, indent=1))
 
@@ -48,10 +50,16 @@ def run_worker(config: dict, workdir: Path, timeout_s: float) -> ChildOutcome:
     env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
 
     t0 = time.monotonic()
+    chunks = []
+    reader = threading.Thread(target=_read_all, args=(result_r, chunks), daemon=True)
+    reader.start()
     with open(paths["log_path"], "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "fastnorm.harness.worker", str(config_path)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=str(workdir), start_new_session=True)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "fastnorm.harness.worker", str(config_path)],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    cwd=str(workdir), start_new_session=True, pass_fds=(result_w,))
+        finally:
+            os.close(result_w)
         if hasattr(os, "waitid"):
             timed_out = not _wait_unreaped(proc.pid, timeout_s)
         else:  # macOS before Python 3.13: reaps first, a tiny window for pid reuse
@@ -63,14 +71,27 @@ def run_worker(config: dict, workdir: Path, timeout_s: float) -> ChildOutcome:
         _kill_group(proc.pid)  # also kills stragglers (a hung nvcc, a candidate's own children)
         returncode = proc.wait()
     wall = time.monotonic() - t0
-
+    reader.join(5.0)  # the group is dead: every write end is closed
     result = None
+    if returncode == 0 and not timed_out:  # a worker killed after something else wrote into its pipe: no result
+        try:
+            result = json.loads(b"".join(chunks))
+        except ValueError:
+            pass
+    return ChildOutcome(result=result if isinstance(result, dict) else None,
+                        returncode=None if timed_out else returncode, timed_out=timed_out,
+                        stage=last_line(paths["progress_path"]), log_tail=file_tail(paths["log_path"]), wall_s=wall)
+
+
+def _read_all(fd: int, chunks: list) -> None:
     try:
-        result = json.loads(paths["result_path"].read_text())
-    except (OSError, ValueError):
-        pass
-    return ChildOutcome(result=result, returncode=None if timed_out else returncode, timed_out=timed_out,
-                        stage=_last_line(paths["progress_path"]), log_tail=_tail(paths["log_path"]), wall_s=wall)
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def _wait_unreaped(pid: int, timeout_s: float) -> bool:
@@ -93,7 +114,8 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _last_line(path: Path) -> str:
+def last_line(path: Path) -> str:
+    """The stage a worker announced last (see loading.Progress)."""
     try:
         lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
@@ -101,7 +123,7 @@ def _last_line(path: Path) -> str:
     return lines[-1] if lines else "start"
 
 
-def _tail(path: Path, nbytes: int = 16384) -> str:
+def file_tail(path: Path, nbytes: int = 16384) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - nbytes))

@@ -22,6 +22,14 @@ _NOT_A_DIAGNOSTIC = re.compile(
 _PATH_PREFIX = re.compile(r"(?:^|(?<=\s))(?:/[^\s/:()]+)+/(?=[^\s/:()]+[:(])")
 
 
+class Verdict(Exception):
+    """Ends the evaluation of a candidate with a verdict other than ok."""
+
+    def __init__(self, verdict: str, message: str):
+        super().__init__(message)
+        self.verdict, self.message = verdict, clip(message)
+
+
 def first_compiler_error(text: str) -> str | None:
     """The first real error line of a ninja / gcc / nvcc / ld log, with directory prefixes trimmed."""
     for raw in text.splitlines():
@@ -94,6 +102,17 @@ def crash_location(log_text: str, path: str) -> str | None:
         if os.path.realpath(match.group(1)) == target:
             return f"{os.path.basename(match.group(1))}:{match.group(2)} in {match.group(3)}"
     return None
+
+
+def process_death(returncode: int | None, log_tail: str, path: str, stage: str, who: str = "the worker") -> str:
+    """How a process that never reported ended: the signal (and the line of `path` it died at) or exit code."""
+    if returncode is not None and returncode < 0:
+        where = crash_location(log_tail, path)
+        hint = " (out of host memory, or killed by another process?)" if returncode == -9 else ""
+        return clip(f"{who} was killed by {signal_description(returncode)}{hint} during {stage}"
+                    + (f" at {where}" if where else ""))
+    last = last_error_line(log_tail)
+    return clip(f"{who} exited with code {returncode} during {stage}" + (f": {last}" if last else ""))
 
 
 def last_error_line(log_text: str) -> str | None:

@@ -2,17 +2,47 @@
 
 Shared by `fastnorm eval` (harness) and `fastnorm bench`. Every trial starts from an idle device with a
 cold last-level cache, so reference and candidate are measured under the same conditions.
+
+The clock is bound when this module is imported, before `fastnorm eval` imports any candidate: the C-level
+`time.perf_counter`, CUDA event methods and device synchronize are captured here and called directly, so a
+candidate that rebinds `time.perf_counter`, `torch.cuda.Event.elapsed_time` or `torch.cuda.synchronize`
+does not change what the loop measures (the evaluator also reports such rebinding as cheating).
 """
 from __future__ import annotations
 
 import functools
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+_perf_counter = time.perf_counter
+_EventBase = getattr(torch._C, "_CudaEventBase", None)  # a placeholder type in CPU-only builds
+_event_record = getattr(_EventBase, "record", None)
+_event_synchronize = getattr(_EventBase, "synchronize", None)
+_event_elapsed_ms = getattr(_EventBase, "elapsed_time", None)
+_cuda_synchronize = getattr(torch._C, "_cuda_synchronize", None)  # the current device, all streams
+_Event = torch.cuda.Event
+_current_stream = torch.cuda.current_stream
+
+
+class TrialHooks:
+    """Called by the timing loop around each timed trial, outside the measured interval (no-ops here)."""
+
+    def before_call(self, trial: int) -> None:
+        """Right before the clock starts (after the cache flush and synchronize)."""
+
+    def after_call(self, trial: int) -> None:
+        """Right after the clock stopped (the end event has completed)."""
+
+    def after_trial(self, trial: int, output) -> None:
+        """After the device-wide synchronize that ends the trial; `output` is what the call returned."""
+
+    def after_warmup(self, output) -> None:
+        """After each warm-up call, with what it returned."""
 
 
 @dataclass
@@ -26,13 +56,17 @@ class TimingStats:
     # Median time the device stayed busy after the callable's end event had completed: work the callable
     # left running on another stream, which the events do not see. ~0.01 ms for honest code; 0 on CPU.
     device_tail_ms: float = 0.0
+    # The raw per-trial times in trial order (not part of to_dict()).
+    samples_ms: tuple = field(default=(), repr=False, compare=False)
+    tails_ms: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def iqr_ms(self) -> float:
         return self.q3_ms - self.q1_ms
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "iqr_ms": self.iqr_ms}
+        d = {k: v for k, v in asdict(self).items() if k not in ("samples_ms", "tails_ms")}
+        return {**d, "iqr_ms": self.iqr_ms}
 
     @classmethod
     def from_samples(cls, samples_ms: list[float], tails_ms: list[float] | None = None) -> "TimingStats":
@@ -41,7 +75,8 @@ class TimingStats:
         s = sorted(samples_ms)
         tail = _quantile(sorted(tails_ms), 0.5) if tails_ms else 0.0
         return cls(median_ms=_quantile(s, 0.5), mean_ms=sum(s) / len(s), min_ms=s[0],
-                   q1_ms=_quantile(s, 0.25), q3_ms=_quantile(s, 0.75), trials=len(s), device_tail_ms=tail)
+                   q1_ms=_quantile(s, 0.25), q3_ms=_quantile(s, 0.75), trials=len(s), device_tail_ms=tail,
+                   samples_ms=tuple(samples_ms), tails_ms=tuple(tails_ms or ()))
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -52,7 +87,7 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 def time_callable(fn: Callable[[], object], *, device: torch.device, trials: int = 100, warmup: int = 3,
-                  flush_l2: bool = True, include_host: bool = True) -> TimingStats:
+                  flush_l2: bool = True, include_host: bool = True, hooks: TrialHooks | None = None) -> TimingStats:
     """Median/min/IQR of `fn()` over `trials` runs after `warmup` runs.
 
     CUDA: per trial the L2 cache is flushed (a buffer larger than L2 is overwritten), the device is synchronized,
@@ -62,50 +97,101 @@ def time_callable(fn: Callable[[], object], *, device: torch.device, trials: int
     so its host-side time (Python, argument checks, launches) hides behind the flush as it would behind
     earlier work in a GPU-bound program, and the events measure device time (triton's do_bench does this).
     CPU: perf_counter around fn(), the last-level cache flushed the same way.
+    hooks: called around each timed trial (outside the measured interval). With hooks, each call's output
+    lives until its trial ends (it is handed to hooks.after_trial); without, it is dropped at once.
     """
     device = torch.device(device)
     if trials < 1:
         raise ValueError("trials must be >= 1")
     if device.type == "cuda":
-        return _time_cuda(fn, device, trials, warmup, flush_l2, include_host)
-    return _time_host(fn, device, trials, warmup, flush_l2)
+        return _time_cuda(fn, device, trials, warmup, flush_l2, include_host, hooks)
+    return _time_host(fn, device, trials, warmup, flush_l2, hooks)
 
 
-def _time_cuda(fn, device, trials, warmup, flush_l2, include_host) -> TimingStats:
-    with torch.cuda.device(device):
-        for _ in range(warmup):
+def _warm_up(fn, warmup: int, hooks) -> None:
+    for _ in range(warmup):
+        if hooks is None:
             fn()
-        torch.cuda.synchronize()
-        stream = torch.cuda.current_stream()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
+        else:
+            hooks.after_warmup(fn())
+
+
+def _time_cuda(fn, device, trials, warmup, flush_l2, include_host, hooks) -> TimingStats:
+    with torch.cuda.device(device):
+        _warm_up(fn, warmup, hooks)
+        _cuda_synchronize()
+        stream = _current_stream()
+        starts = [_Event(enable_timing=True) for _ in range(trials)]
+        ends = [_Event(enable_timing=True) for _ in range(trials)]
         tails_ms = []
-        for start, end in zip(starts, ends):
+        for trial, (start, end) in enumerate(zip(starts, ends)):
             if flush_l2:
                 flush_cache(device)
             if include_host or not flush_l2:  # with nothing queued before it, host time always counts
-                torch.cuda.synchronize()
-            start.record(stream)
-            fn()
-            end.record(stream)
-            end.synchronize()
-            t_end = time.perf_counter()
-            torch.cuda.synchronize()  # device-wide: waits for every stream, including ones fn() hid work on
-            tails_ms.append((time.perf_counter() - t_end) * 1e3)
-        return TimingStats.from_samples([s.elapsed_time(e) for s, e in zip(starts, ends)], tails_ms)
+                _cuda_synchronize()
+            if hooks is None:
+                _event_record(start, stream)
+                fn()
+                _event_record(end, stream)
+                _event_synchronize(end)
+                output = None
+            else:
+                hooks.before_call(trial)
+                _event_record(start, stream)
+                output = fn()
+                _event_record(end, stream)
+                _event_synchronize(end)
+                hooks.after_call(trial)
+            t_end = _perf_counter()
+            _cuda_synchronize()  # device-wide: waits for every stream, including ones fn() hid work on
+            tails_ms.append((_perf_counter() - t_end) * 1e3)
+            if hooks is not None:
+                hooks.after_trial(trial, output)
+                del output
+        return TimingStats.from_samples([_event_elapsed_ms(s, e) for s, e in zip(starts, ends)], tails_ms)
 
 
-def _time_host(fn, device, trials, warmup, flush_l2) -> TimingStats:
-    for _ in range(warmup):
-        fn()
+def _time_host(fn, device, trials, warmup, flush_l2, hooks) -> TimingStats:
+    _warm_up(fn, warmup, hooks)
     samples_ms = []
-    for _ in range(trials):
+    for trial in range(trials):
         if flush_l2:
             flush_cache(device)
-        t0 = time.perf_counter()
-        fn()
-        samples_ms.append((time.perf_counter() - t0) * 1e3)
+        if hooks is None:
+            t0 = _perf_counter()
+            fn()
+            samples_ms.append((_perf_counter() - t0) * 1e3)
+        else:
+            hooks.before_call(trial)
+            t0 = _perf_counter()
+            output = fn()
+            samples_ms.append((_perf_counter() - t0) * 1e3)
+            hooks.after_call(trial)
+            hooks.after_trial(trial, output)
+            del output
     return TimingStats.from_samples(samples_ms)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for every stream of `device` (nothing to wait for on CPU)."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            _cuda_synchronize()
+
+
+def call_between_events(fn: Callable[[], object], device: torch.device):
+    """fn() as a caller sees it: on CUDA, returns once an event recorded after it on the current stream has
+    completed, without waiting for other streams (work fn() hid there may still be running)."""
+    if device.type != "cuda":
+        return fn()
+    with torch.cuda.device(device):
+        _cuda_synchronize()
+        stream = _current_stream()
+        end = _Event()
+        output = fn()
+        _event_record(end, stream)
+        _event_synchronize(end)
+        return output
 
 
 def flush_cache(device: torch.device) -> None:

@@ -1,4 +1,5 @@
-"""Timings that cannot be honest: work hidden from the events, or faster than moving the bytes at all.
+"""Timings that cannot be honest: a clock that disagrees with the judge's, work hidden from the events, or
+faster than moving the bytes at all.
 
 Pure arithmetic on the numbers the workers report (no torch), applied by the parent.
 """
@@ -10,6 +11,15 @@ from __future__ import annotations
 HIDDEN_TAIL_MIN_MS = 0.05
 HIDDEN_TAIL_FRACTION = 0.25   # ... when the hidden part is also a sizeable fraction of what the events measured
 
+# The judge times every timed call again with its own clock, outside the candidate's process, from the
+# announcement that the call starts to the one that it ended: the median over the calls of how much longer it
+# saw each call take than the candidate's process reported, less what the loop costs around a null candidate
+# (measured the same way before the candidate was loaded), is time the reported numbers do not account for.
+# Beyond these margins (plus twice the spread of the loop's cost, for a loaded machine) the clock, or what it
+# recorded, was tampered with.
+CLOCK_SLACK_MS = 0.1
+CLOCK_SLACK_FRACTION = 0.25
+
 # Below this fraction of the floor (minimal bytes / measured copy bandwidth) a time is impossible. Not 1.0:
 # output writes still sitting in L2 when the end event fires let a perfect kernel edge past a full copy.
 FLOOR_MARGIN = 0.75
@@ -19,6 +29,9 @@ def judge_timing(timing: dict, min_bytes: int, copy_bw: float, floor_check: bool
                  baseline_tail_ms: float = 0.0) -> str | None:
     """A one-line reason to call this timing cheating, or None. baseline_tail_ms: the reference's tail."""
     median = timing["median_ms"]
+    reason = _clock_disagrees(timing)
+    if reason:
+        return reason
     tail = timing.get("device_tail_ms") or 0.0
     hidden = tail - baseline_tail_ms
     if hidden > HIDDEN_TAIL_MIN_MS and hidden > HIDDEN_TAIL_FRACTION * median:
@@ -32,3 +45,19 @@ def judge_timing(timing: dict, min_bytes: int, copy_bw: float, floor_check: bool
                 f"the work each call (cached or skipped results?); --no-floor-check if the model legitimately "
                 f"reads only part of its inputs")
     return None
+
+
+def _clock_disagrees(timing: dict) -> str | None:
+    excess = timing.get("external_excess_ms")
+    if excess is None:
+        return None
+    overhead = timing.get("loop_overhead_ms") or 0.0
+    median = timing["median_ms"]
+    allowed = CLOCK_SLACK_MS + CLOCK_SLACK_FRACTION * median + 2 * (timing.get("loop_overhead_spread_ms") or 0.0)
+    if excess - overhead <= allowed:
+        return None
+    return (f"the candidate's clock disagrees with the judge's: by the judge's clock (outside the candidate's "
+            f"process) each timed call took {excess - overhead:.3g} ms more than the candidate's process reported "
+            f"(median over the calls; reported median {median:.4g} ms, the judge's "
+            f"{timing.get('external_median_ms', float('nan')):.4g} ms, less the loop's own {overhead:.3g} ms measured "
+            f"with a null candidate): the clock, or what it recorded, was tampered with")
