@@ -26,6 +26,8 @@ _event_synchronize = getattr(_EventBase, "synchronize", None)
 _event_elapsed_ms = getattr(_EventBase, "elapsed_time", None)
 _cuda_synchronize = getattr(torch._C, "_cuda_synchronize", None)  # the current device, all streams
 _Event = torch.cuda.Event
+_gpu_sleep = getattr(torch.cuda, "_sleep", None)  # a device-side spin of a number of clock cycles
+_HOST_COVER_CYCLES = 2_000_000  # about 1 ms at the H100's clocks
 _current_stream = torch.cuda.current_stream
 
 
@@ -96,6 +98,8 @@ def time_callable(fn: Callable[[], object], *, device: torch.device, trials: int
     include_host=False skips the synchronize after the flush: fn() is then issued while the flush still runs,
     so its host-side time (Python, argument checks, launches) hides behind the flush as it would behind
     earlier work in a GPU-bound program, and the events measure device time (triton's do_bench does this).
+    A spin of about a millisecond is queued after the flush too: a training step's host work (autograd,
+    a Python backward) outlasts the flush alone and would otherwise count as device time.
     CPU: perf_counter around fn(), the last-level cache flushed the same way.
     hooks: called around each timed trial (outside the measured interval). With hooks, each call's output
     lives until its trial ends (it is handed to hooks.after_trial); without, it is dropped at once.
@@ -129,6 +133,8 @@ def _time_cuda(fn, device, trials, warmup, flush_l2, include_host, hooks) -> Tim
                 flush_cache(device)
             if include_host or not flush_l2:  # with nothing queued before it, host time always counts
                 _cuda_synchronize()
+            elif _gpu_sleep is not None:  # keep the device busy while the host issues fn() (see docstring)
+                _gpu_sleep(_HOST_COVER_CYCLES)
             if hooks is None:
                 _event_record(start, stream)
                 fn()
