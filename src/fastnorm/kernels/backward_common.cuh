@@ -56,47 +56,6 @@ __device__ __forceinline__ GradCoeffs<A> coeffs_from_moments(double s, double S1
   return c;
 }
 
-// A LayerNorm row's backward statistics over a set of its elements: count, mean relative to the
-// row's shift (its first element), M2, and the sums of g and of g * (x - mean). Merged with Chan's
-// formula, so every thread's exact two-pass moments of its own elements meet in one reduction.
-template <typename A>
-struct GradStats {
-  A n, mean, m2, g, gd;
-};
-
-template <typename A>
-__device__ __forceinline__ GradStats<A> merge(const GradStats<A>& a, const GradStats<A>& b) {
-  const A n = a.n + b.n;
-  if (n == A(0)) return a;
-  const A d = b.mean - a.mean, wb = b.n / n;
-  // sum g (x - mean) about the merged mean: a's part moves by (a.mean - mean) = -d wb, b's by d a.n / n.
-  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb, a.g + b.g, a.gd + b.gd + d * (b.g * a.n - a.g * b.n) / n};
-}
-
-template <typename A>
-__device__ __forceinline__ GradStats<A> shfl_xor(const GradStats<A>& s, int offset) {
-  return {__shfl_xor_sync(0xffffffffu, s.n, offset), __shfl_xor_sync(0xffffffffu, s.mean, offset),
-          __shfl_xor_sync(0xffffffffu, s.m2, offset), __shfl_xor_sync(0xffffffffu, s.g, offset),
-          __shfl_xor_sync(0xffffffffu, s.gd, offset)};
-}
-
-// Merges over each group of `tpr` consecutive threads (a power of two); every thread of the group
-// gets the result. All threads of the block must call it.
-template <typename A>
-__device__ GradStats<A> group_merge(GradStats<A> s, int tpr, GradStats<A>* smem) {
-  const int width = tpr < 32 ? tpr : 32;
-  for (int off = width / 2; off > 0; off >>= 1) s = merge(s, shfl_xor(s, off));
-  if (tpr <= 32) return s;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps_per_group = tpr >> 5;
-  __syncthreads();  // smem may still be read by the previous call
-  if (lane == 0) smem[warp] = s;
-  __syncthreads();
-  const int first = warp - warp % warps_per_group;
-  GradStats<A> r = lane < warps_per_group ? smem[first + lane] : GradStats<A>{A(0), A(0), A(0), A(0), A(0)};
-  for (int off = 16; off > 0; off >>= 1) r = merge(r, shfl_xor(r, off));
-  return r;
-}
-
 // dx of one element, and its contributions to dweight (dy * xhat) and dbias (dy).
 template <typename A>
 __device__ __forceinline__ A grad_input(A x, A g, const GradCoeffs<A>& c, A& xhat) {

@@ -1,38 +1,38 @@
-// The fused backward of last-dim rows that one block can hold (1024 threads x 8 elements; float64
-// 512 x 4):
+// The fused backward of last-dim rows that one block can hold (1024 threads x 8 elements, 4 in fp64):
 // x and dy read once, dx written once, dweight / dbias summed in registers across the rows a block
 // handles (a persistent grid), then one partial per block.
 //
 // A group of `tpr` threads takes a row (tpr a power of two, blockDim / tpr rows per block); thread t
 // owns vectors t, t + tpr, ... (at most K), copied with cp.async into shared memory as the forward
 // row kernel does, so all of a thread's loads are in flight and no registers hold them. The row's
-// statistics are recomputed from the cached row: RMSNorm's sums of x^2 and g * x; LayerNorm's exact
-// per-thread moments about the row's first element, merged with the sums of g and g * (x - mean) in
-// one reduction (GradStats). A thread's columns are the same in every row, so its dweight / dbias
-// sums stay in registers. (Sums in each
+// statistics are recomputed from the cached row as the forward row kernel takes them (a rough mean,
+// then the corrected two-pass sums), in the same pass as the sums of g and g * (x - c). A thread's
+// columns are the same in every row, so its dweight / dbias sums stay in registers. (Sums in each
 // thread's own shared-memory slots instead, which would free the registers for 16-32 elements a
 // thread, measured slower on the H100: bf16 16384x4096 LN 218 -> 270 us, RMS 172 -> 216, 65536x1024
 // LN 198 -> 253, even with conflict-free element-major slots; vector-major slots took 413 us.)
+// (LayerNorm's two reductions, a rough mean then the corrected sums, measured faster than one
+// reduction of per-thread exact moments merged with Chan's formula: bf16 16384x4096 218 against 349 us,
+// 65536x1024 198 against 390: the divisions in every merge step of the shuffle tree cost more than the
+// second reduction's barrier.)
 #pragma once
 #include "backward_common.cuh"
 #include "cuda_rows.cuh"
 
 namespace fastnorm {
 
-// Threads a row, at most: float64's merges need more than the 64 registers 1024 threads leave.
-template <typename T> constexpr int kBackwardRowThreads = sizeof(T) == 8 ? 512 : 1024;
+constexpr int kBackwardRowThreads = 1024;    // threads a row, at most
 // Elements a thread owns, at most: 8 (4 in float64), whose dweight / dbias sums fit 64 registers
 // (16 spilled).
 template <typename T> constexpr int kBackwardThreadElems = sizeof(T) == 8 ? 4 : 8;
 constexpr int64_t kBackwardRowSmem = 200 << 10;  // x and dy of a block's rows, double-buffered, at most
 
 template <typename T, typename W, int VEC, int K>
-__global__ void __launch_bounds__(kBackwardRowThreads<T>, 1) row_backward_kernel(BackwardArgs<T, W> a, int tpr) {
+__global__ void __launch_bounds__(kBackwardRowThreads, 1) row_backward_kernel(BackwardArgs<T, W> a, int tpr) {
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  __shared__ A sums[2][2 * 32];
-  __shared__ GradStats<A> merged[32];
+  __shared__ A sums[2][4 * 32];
   int buf = 0;
   const int sh = __ffs(tpr) - 1, rows_per_block = blockDim.x >> sh;
   const int group = threadIdx.x >> sh, t = threadIdx.x & (tpr - 1);
@@ -74,67 +74,48 @@ __global__ void __launch_bounds__(kBackwardRowThreads<T>, 1) row_backward_kernel
     const int64_t row = base + group;
     const int c = row < a.outer ? count : 0;
     stage(row + step, slot ^ 1);
-    // LayerNorm's shift, the row's first element (loaded before the wait, so its latency overlaps).
-    const A shift = rms ? A(0) : A(to_acc(a.x[(c ? row : 0) * a.x_stride]));
     cp_async_wait_group<1>();  // this row's group has landed; the next one may still be in flight
     const V* xc = slots + int64_t(slot) * 2 * nvec;
     const V* gc = xc + nvec;
+    // LayerNorm's rough mean c (one plain sum of x / n), then one pass for the corrected sums of
+    // d = x - c and d^2 (RMSNorm: x^2) and the sums of g and g * d.
+    A center = A(0);
+    if (!rms) {
+      A total[1] = {cached_scaled_sum(xc, t, sh, c, inv_n)};
+      group_sums(total, tpr, sums[buf]);
+      buf ^= 1;
+      center = total[0];
+    }
+    A m[4] = {A(0), A(0), A(0), A(0)};  // sum d, sum d^2, sum g, sum g * d
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (k >= c) break;
+      const int i = t + (k << sh);
+      A xs[VEC], gs[VEC], wv[VEC];
+      widen(xc[i].v, xs);
+      widen(gc[i].v, gs);
+      if (has_w) load_params<false, VEC>(a.w + int64_t(i) * VEC, wv);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const A d = xs[e] - center, g = has_w ? gs[e] * wv[e] : gs[e];
+        m[0] += d;
+        m[1] = fma(d, d, m[1]);
+        m[2] += g;
+        m[3] = fma(g, d, m[3]);
+      }
+    }
+    group_sums(m, tpr, sums[buf]);
+    buf ^= 1;
     GradCoeffs<A> co;
     if (rms) {
-      A m[2] = {A(0), A(0)};  // sum x^2, sum g * x
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (k >= c) break;
-        const int i = t + (k << sh);
-        A xs[VEC], gs[VEC], wv[VEC];
-        widen(xc[i].v, xs);
-        widen(gc[i].v, gs);
-        if (has_w) load_params<false, VEC>(a.w + int64_t(i) * VEC, wv);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          m[0] = fma(xs[e], xs[e], m[0]);
-          m[1] = fma(has_w ? gs[e] * wv[e] : gs[e], xs[e], m[1]);
-        }
-      }
-      group_sums(m, tpr, sums[buf]);
-      buf ^= 1;
-      co.st = affine_of(A(0), A(0), m[0] * inv_n, a.eps, true);
+      co.st = affine_of(A(0), A(0), m[1] * inv_n, a.eps, true);
       co.c1 = A(0);
-      co.c2 = co.st.rstd * m[1] * inv_n;
+      co.c2 = co.st.rstd * m[3] * inv_n;
     } else {
-      // Each thread's exact moments of its own elements about the row's shift (two passes over its
-      // cached vectors), merged over the group in one reduction (a rough mean first, as the forward
-      // row kernel takes it, cost a second reduction: H100 bf16 16384x4096 LN 218 us against RMS 172).
-      A tsum = A(0), tg = A(0), tgd = A(0), tm2 = A(0);
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (k >= c) break;
-        A xs[VEC];
-        widen(xc[t + (k << sh)].v, xs);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) tsum += xs[e] - shift;
-      }
-      const A tn = A(c * VEC), tmean = c ? tsum / tn : A(0);
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (k >= c) break;
-        const int i = t + (k << sh);
-        A xs[VEC], gs[VEC], wv[VEC];
-        widen(xc[i].v, xs);
-        widen(gc[i].v, gs);
-        if (has_w) load_params<false, VEC>(a.w + int64_t(i) * VEC, wv);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A d = (xs[e] - shift) - tmean, g = has_w ? gs[e] * wv[e] : gs[e];
-          tm2 = fma(d, d, tm2);
-          tg += g;
-          tgd = fma(g, d, tgd);
-        }
-      }
-      const GradStats<A> s = group_merge(GradStats<A>{tn, tmean, tm2, tg, tgd}, tpr, merged);
-      co.st = affine_of(shift, s.mean, s.m2 * inv_n, a.eps, false);
-      co.c1 = s.g * inv_n;
-      co.c2 = co.st.rstd * s.gd * inv_n;
+      const A mean_d = m[0] * inv_n;
+      co.st = affine_of(center, mean_d, corrected_variance(mean_d, m[1] * inv_n), a.eps, false);
+      co.c1 = m[2] * inv_n;
+      co.c2 = co.st.rstd * (m[3] * inv_n - mean_d * co.c1);
     }
     V* dxv = reinterpret_cast<V*>(a.dx + (c ? row : 0) * a.n);
 #pragma unroll
@@ -223,7 +204,7 @@ static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   constexpr int kMaxK = row_backward_max_k<T, VEC>();
   const int64_t nvec = p.n / VEC;
   const int tpr = pow2_at_least((nvec + kMaxK - 1) / kMaxK);
-  if (tpr > kBackwardRowThreads<T>) return none;
+  if (tpr > kBackwardRowThreads) return none;
   const int k = pow2_at_least((nvec + tpr - 1) / tpr);
   const int threads = tpr > 256 ? tpr : 256;
   const int64_t rows_per_block = threads / tpr;
