@@ -87,7 +87,7 @@ def run_case(device, shape, begin, end, dtype, affine, rms, offset=0.0, wdtype=N
 # (shape, begin, end): last-dim rows through each CUDA path (fused rows: short, tiny, one row a
 # block; long rows: beyond 1024 threads x 8 elements, unaligned long rows), and channel axes.
 LAYOUTS = [
-    ((64, 1024), 1, 2), ((8, 1), 1, 2), ((5, 3), 1, 2), ((33, 257), 1, 2), ((16, 4096), 1, 2),
+    ((64, 1024), 1, 2), ((8, 2), 1, 2), ((5, 3), 1, 2), ((33, 257), 1, 2), ((16, 4096), 1, 2),
     ((3, 8192), 1, 2), ((4, 20000), 1, 2), ((2, 3, 1000), 2, 3), ((6, 16384), 1, 2), ((3, 5001), 1, 2),
     ((2, 8, 4, 4), 1, 2), ((3, 5, 7, 9), 1, 2), ((2, 16, 33), 1, 2), ((2, 64, 4, 8), 1, 3),
 ]
@@ -200,6 +200,21 @@ def test_gradcheck_float64(device, layout, rms):
         assert torch.autograd.gradcheck(lambda x, w: fastnorm.rms_norm(x, None, w, 1e-5, dim=dims), (x, w))
     else:
         assert torch.autograd.gradcheck(lambda x, w, b: fastnorm.layer_norm(x, None, w, b, 1e-5, dim=dims), (x, w, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_of_one_element(device):
+    """n = 1: LayerNorm's dx is exactly 0; RMSNorm's is g * eps / (x^2 + eps)^1.5, tiny next to g and
+    all cancellation in float32 (as in PyTorch's kernels), so it is held to g's scale, not its own."""
+    x = torch.randn(64, 1, device=device)
+    dy = torch.randn(64, 1, device=device)
+    w = torch.rand(1, device=device) + 0.5
+    ln = fastnorm_grads(x, dy, 1, 2, w, torch.randn(1, device=device), 1e-5, False)
+    assert torch.equal(ln[0], torch.zeros_like(x))
+    got = fastnorm_grads(x, dy, 1, 2, w, None, 1e-5, True)
+    ref = reference_grads(x, dy, 1, 2, w, None, 1e-5, True)
+    assert (got[0].double() - ref[0]).abs().max().item() <= 1e-4 * dy.abs().max().item()
+    assert_close("dweight", got[1], ref[1], torch.float32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
