@@ -18,7 +18,7 @@ import pytest
 
 from fastnorm.harness import cli, evaluate
 from fastnorm.harness.evaluate import EvaluationError
-from fastnorm.harness.gpus import parse_nvidia_smi_list, parse_visible_devices
+from fastnorm.harness.gpus import parse_nvidia_smi_list, parse_visible_devices, visible_gpus
 from fastnorm.harness.isolation import run_worker
 from fastnorm.harness.manifest import ManifestError, expand_candidates, read_manifest
 from fastnorm.harness.pool import Slot, plan_slots
@@ -40,12 +40,9 @@ def cand(name: str) -> str:
     return str(CANDIDATES / f"{name}.py")
 
 
-@pytest.fixture(scope="module")
-def quiet_children():
-    # Children inherit this: one intra-op thread keeps them fast on a shared 2-core box.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")
-        yield
+@pytest.fixture(autouse=True)
+def one_thread_per_child(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # inherited by the workers: fast on a shared 2-core box
 
 
 def processes_mentioning(marker: str) -> list:
@@ -82,7 +79,7 @@ def stems(records) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 # End to end
 
-def test_jobs_2_give_the_sequential_verdicts_one_baseline_per_gpu(quiet_children, tmp_path, monkeypatch):
+def test_jobs_2_give_the_sequential_verdicts_one_baseline_per_gpu(tmp_path, monkeypatch):
     """--jobs 2 over two (stand-in) GPU slots: the pool's CUDA bookkeeping, run on CPU. Each slot's workers get
     its CUDA_VISIBLE_DEVICES, the reference is measured once per slot's GPU, every result names its GPU."""
     evaluate_module = sys.modules["fastnorm.harness.evaluate"]  # the package's `evaluate` is the function
@@ -123,7 +120,7 @@ def test_worker_gets_its_slots_environment(tmp_path):
     assert out.read_text() == "3"
 
 
-def test_interrupt_leaves_valid_jsonl_and_nothing_running_then_resume_finishes(quiet_children, tmp_path):
+def test_interrupt_leaves_valid_jsonl_and_nothing_running_then_resume_finishes(tmp_path):
     """SIGINT while a candidate hangs: exit 130, whole JSON lines, no process left. --resume then runs only
     the candidates without a line and keeps the earlier lines as they were."""
     jsonl = tmp_path / "results.jsonl"
@@ -165,7 +162,7 @@ def test_interrupt_leaves_valid_jsonl_and_nothing_running_then_resume_finishes(q
     assert no_processes_left(str(tmp_path)) == []
 
 
-def test_ray_gives_the_sequential_verdicts_and_leaves_nothing_running(quiet_children, tmp_path):
+def test_ray_gives_the_sequential_verdicts_and_leaves_nothing_running(tmp_path):
     pytest.importorskip("ray")
     names = ["good_layer_norm", "wrong_output", "segfault", "forges_verdict", "kills_its_judge"]
     broken = tmp_path / "broken_reference.py"
@@ -236,8 +233,8 @@ def test_candidates_from_files_directories_and_globs(tmp_path):
         (tmp_path / name).write_text("")
     ref = tmp_path / "ref.py"
     assert expand_candidates(ref, [tmp_path]) == [tmp_path / "a.py", tmp_path / "b.py"]  # not the reference
-    assert expand_candidates(ref, [str(tmp_path / "*.py"), tmp_path / "a.py"]) == [tmp_path / "a.py",
-                                                                                   tmp_path / "b.py"]
+    assert expand_candidates(ref, [str(tmp_path / "*.py"), tmp_path / "a.py"]) == [  # named twice: runs twice
+        tmp_path / "a.py", tmp_path / "b.py", tmp_path / "a.py"]
     assert expand_candidates(ref, [tmp_path / "missing.py"]) == [tmp_path / "missing.py"]  # -> load_error
     with pytest.raises(ManifestError, match="no candidate files"):
         expand_candidates(ref, [str(tmp_path / "z*.py")])
@@ -309,3 +306,31 @@ def test_ray_missing_is_a_clear_error(monkeypatch):
 def test_resume_needs_a_jsonl_file():
     with pytest.raises(ValueError, match="resume needs"):
         evaluate(SMALL, [cand("good_layer_norm")], device="cpu", resume=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On CUDA (skipped here): python -m pytest tests/test_harness_batch.py -m cuda
+
+LAYER_NORM = Path(__file__).resolve().parents[1] / "problems" / "layer_norm_16x64x256x256.py"
+CUDA_EXPECTED = {"good_layer_norm": {"ok"}, "side_stream": {"cheating"}, "stale_output": {"wrong_output"},
+                 "oob_write_cuda": {"runtime_error"}, "kills_its_judge": {"runtime_error"},
+                 "compile_error_flag": {"compile_error"}, "forges_verdict": {"wrong_output", "runtime_error"},
+                 "wrong_output": {"wrong_output"}}
+
+
+@pytest.mark.cuda
+def test_cuda_pool_gives_the_verdicts_of_one_candidate_at_a_time(tmp_path):
+    """The default pool (a slot per visible GPU, builds ahead of the judges) against one candidate at a time with
+    each judge building its own: the same verdicts, times within noise, results naming the GPUs used."""
+    kwargs = dict(device="cuda", trials=2, perf_trials=20, timeout=300)
+    names = list(CUDA_EXPECTED)
+    one = evaluate(LAYER_NORM, list(map(cand, names)), jobs=1, build_jobs=0, **kwargs)
+    pool = evaluate(LAYER_NORM, list(map(cand, names)), jsonl=tmp_path / "r.jsonl", **kwargs)
+    for name, a, b in zip(names, one.results, pool.results):
+        assert a.verdict in CUDA_EXPECTED[name] and b.verdict in CUDA_EXPECTED[name], (name, a.message, b.message)
+    gpus = {r.gpu for r in pool.results if r.worker != "build"}
+    assert gpus and gpus <= set(visible_gpus())
+    assert sorted(pool.baselines) == sorted(f"gpu {g}" for g in gpus)  # the reference once per GPU used
+    good_one, good_pool = one.results[0], pool.results[0]
+    assert 0.8 < good_pool.cand_ms / good_one.cand_ms < 1.25, (good_one.cand_timing, good_pool.cand_timing)
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == len(names)

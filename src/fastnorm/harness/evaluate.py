@@ -83,8 +83,9 @@ def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf
 
     root = Path(tempfile.mkdtemp(prefix="fastnorm-eval-"))
     share_dir = make_share_folder(root)
-    log = ResultsLog(jsonl, resume) if jsonl else None
+    log = None
     try:
+        log = ResultsLog(jsonl, resume) if jsonl else None
         run = _BatchRun(resolved, settings, str(share_dir), log, say, strict)
         pending = run.pending_jobs()
         to_run = sum(job.candidate is not None for job in pending)

@@ -9,7 +9,7 @@ A manifest (`fastnorm eval --manifest FILE`) lists reference/candidate pairs, on
 A text line is two whitespace-separated columns, REFERENCE CANDIDATE (paths without spaces); a JSON line
 takes "candidate" (one) or "candidates" (a list). Every candidate entry may be a file, a directory (its
 *.py files) or a glob. Relative paths are relative to the manifest's folder. Lines naming the same reference
-are merged into one problem, in order of first appearance.
+make one problem, in order of first appearance.
 """
 from __future__ import annotations
 
@@ -27,12 +27,13 @@ class ManifestError(ValueError):
 
 def expand_candidates(reference: str | os.PathLike | None, entries) -> list[Path]:
     """Files, directories (their *.py, sorted) and globs (sorted) -> absolute candidate paths, in order,
-    without duplicates and without the reference itself. A path that does not exist is kept (it gets a
-    load_error verdict); a directory or glob with no candidate is an error."""
+    without the reference itself. A file named twice runs twice (as before: repeated runs of one file). A
+    path that does not exist is kept (it gets a load_error verdict); a directory or glob with no candidate is
+    an error."""
     if isinstance(entries, (str, os.PathLike)):
         entries = [entries]
     skip = {Path(reference).resolve()} if reference is not None else set()
-    out, seen = [], set()
+    out = []
     for entry in entries:
         text = str(entry)
         if os.path.isdir(text):
@@ -46,10 +47,7 @@ def expand_candidates(reference: str | os.PathLike | None, entries) -> list[Path
         found = [p.resolve() for p in found if p.resolve() not in skip]
         if not found and what:
             raise ManifestError(f"no candidate files in {what}")
-        for path in found:
-            if path not in seen:
-                seen.add(path)
-                out.append(path)
+        out += found
     return out
 
 
@@ -74,8 +72,7 @@ def read_manifest(path: str | os.PathLike) -> list[tuple[Path, list[Path]]]:
             candidates = expand_candidates(reference, entries)
         except ManifestError as exc:
             raise ManifestError(f"{where}: {exc}") from None
-        known = problems.setdefault(reference, [])
-        known += [c for c in candidates if c not in known]
+        problems.setdefault(reference, []).extend(candidates)
     if not problems:
         raise ManifestError(f"manifest {path} lists no problems")
     return list(problems.items())

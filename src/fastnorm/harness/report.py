@@ -113,10 +113,10 @@ class EvalReport:
     def to_json(self) -> dict:
         """The JSON document (strict JSON: non-finite numbers become null)."""
         return finite_numbers({"device": self.device, "device_name": self.baseline.device_name,
-                        "reference": self.reference, "torch_version": self.baseline.torch_version,
-                        "settings": self.settings, "baseline": self.baseline.to_dict(),
-                        "baselines": {where: b.to_dict() for where, b in self.baselines.items()},
-                        "results": [r.to_dict() for r in self.results], "summary": self.summary})
+                               "reference": self.reference, "torch_version": self.baseline.torch_version,
+                               "settings": self.settings, "baseline": self.baseline.to_dict(),
+                               "baselines": {where: b.to_dict() for where, b in self.baselines.items()},
+                               "results": [r.to_dict() for r in self.results], "summary": self.summary})
 
     def format_table(self) -> str:
         b = self.baseline
@@ -164,7 +164,7 @@ class BatchReport:
 
     def to_json(self) -> dict:
         return finite_numbers({"problems": [r.to_json() for r in self.reports], "errors": self.errors,
-                        "summary": self.summary})
+                               "summary": self.summary})
 
     def format_table(self) -> str:
         parts = [r.format_table() for r in self.reports]
