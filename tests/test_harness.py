@@ -82,9 +82,10 @@ def clock_run(quiet_children):
 
 @pytest.fixture(scope="module")
 def load_run(quiet_children):
-    """Candidates that fail while importing/constructing, imported in parallel (jobs=2) before the runs."""
+    """Candidates that fail while importing/constructing, imported by the build pool (build_jobs=2) ahead of
+    the judge."""
     report = evaluate(SMALL, list(map(cand, LOAD_SET)), device="cpu", trials=1, perf_trials=2, warmup=1,
-                      timeout=120, jobs=2)
+                      timeout=120, jobs=1, build_jobs=2)
     return {Path(r.candidate).stem: r for r in report.results}
 
 

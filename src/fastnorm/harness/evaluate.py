@@ -1,172 +1,195 @@
-"""`evaluate()`: the parent side of `fastnorm eval`. Torch-free - every build, forward and timing runs in a
-child process (see worker.py), so a crash or a poisoned CUDA context costs one candidate, never the evaluator,
-and the parent holds no GPU memory however many candidates it evaluates.
+"""`evaluate()` and `evaluate_batch()`: the parent side of `fastnorm eval`. Torch-free - every build, forward
+and timing runs in a child process (see worker.py), so a crash or a poisoned CUDA context costs one candidate,
+never the evaluator, and the parent holds no GPU memory however many candidates it evaluates.
 
-Order: the reference baseline (one child), then - with several candidates and jobs > 1 - every candidate is
-imported in parallel so that load_inline builds overlap, then each candidate is verified and timed, one at a
-time so that timings do not disturb each other: by a judge child (judge.py) that runs the candidate in a
-process of its own (candidate_process.py) and never imports the candidate's code.
+Each reference is measured (baseline worker) on every GPU that judges its candidates; each candidate is
+judged by a judge process (judge.py) that runs it in a process of its own (candidate_process.py) and never
+imports its code. Candidates are spread over a pool: on this host one timing slot per GPU plus a build pool
+(pool.py), or one Ray task each (ray_pool.py). Results stream to an optional JSON Lines file as they finish.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
-from fastnorm.harness.isolation import ChildOutcome, run_worker
-from fastnorm.harness.messages import clip, process_death
-from fastnorm.harness.report import Baseline, CandidateResult, EvalReport
-from fastnorm.harness.timing_verdict import judge_timing
+from fastnorm.harness.batch import Finished, Job, Measured, Problem, ReferenceFailed
+from fastnorm.harness.isolation import make_share_folder
+from fastnorm.harness.manifest import expand_candidates
+from fastnorm.harness.outcomes import EvaluationError
+from fastnorm.harness.pool import LocalPool, default_build_jobs, plan_slots
+from fastnorm.harness.progress import ProgressLine
+from fastnorm.harness.report import BatchReport, CandidateResult, EvalReport
+from fastnorm.harness.results_log import ResultsLog, result_key
 
-
-SHM_MIN_FREE_BYTES = 4 << 30
-
-
-class EvaluationError(RuntimeError):
-    """The evaluation as a whole cannot proceed (missing or broken reference)."""
-
-
-def default_jobs() -> int:
-    return max(1, min(8, (os.cpu_count() or 1) // 2))
+__all__ = ["evaluate", "evaluate_batch", "EvaluationError"]
 
 
 def evaluate(reference, candidates, *, device: str | None = None, trials: int = 5, perf_trials: int = 100,
              warmup: int = 3, atol: float | None = None, rtol: float | None = None, timeout: float = 600.0,
              compile_baseline: bool = False, class_name: str = "ModelNew", seed: int = 42, jobs: int | None = None,
-             floor_check: bool = True, scrub_freed_memory: bool = True, keep_temp: bool = False,
+             build_jobs: int | None = None, jsonl=None, resume: bool = False, ray=None, floor_check: bool = True,
+             scrub_freed_memory: bool = True, keep_temp: bool = False,
              progress: Callable[[str], None] | None = None) -> EvalReport:
     """Build, verify and time KernelBench-style candidates against a reference problem file.
 
-    reference: file defining Model, get_inputs(), get_init_inputs(). candidates: one path or several, each
-    defining `class_name`. device: "cuda", "cpu", "cuda:1"; None picks cuda when available. atol/rtol: None
-    means 1e-4 for fp32 outputs, 1e-2 for fp16/bf16, exact for integers. timeout: seconds per child process.
+    reference: file defining Model, get_inputs(), get_init_inputs(). candidates: one path or several (files,
+    directories of *.py, globs), each defining `class_name`. device: "cuda" (every visible GPU), "cuda:N",
+    "cpu"; None picks cuda when a GPU is visible. atol/rtol: None means 1e-4 for fp32 outputs, 1e-2 for
+    fp16/bf16, exact for integers. timeout: seconds per child process.
+    jobs: candidates judged at once - default one per visible GPU (at most one per GPU), 1 on CPU.
+    build_jobs: candidate imports (load_inline builds) run ahead of the judges, overlapping timing - default
+    min(8, cores / 2) on CUDA with several candidates, 0 (each judge builds its own) on CPU.
+    jsonl: append one JSON object per candidate to this file as it finishes; resume: keep that file's
+    results and skip their candidates. ray: run on a Ray cluster instead - an address, or True / "local" for
+    a local instance (needs `pip install fastnorm[ray]`).
     scrub_freed_memory=False disables one defence (only to demonstrate that it matters).
     Raises EvaluationError when the reference itself cannot be loaded, run or timed.
     """
+    batch = evaluate_batch([(reference, candidates)], device=device, trials=trials, perf_trials=perf_trials,
+                           warmup=warmup, atol=atol, rtol=rtol, timeout=timeout, compile_baseline=compile_baseline,
+                           class_name=class_name, seed=seed, jobs=jobs, build_jobs=build_jobs, jsonl=jsonl,
+                           resume=resume, ray=ray, floor_check=floor_check, scrub_freed_memory=scrub_freed_memory,
+                           keep_temp=keep_temp, progress=progress, strict=True)
+    return batch.reports[0]
+
+
+def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf_trials: int = 100, warmup: int = 3,
+                   atol: float | None = None, rtol: float | None = None, timeout: float = 600.0,
+                   compile_baseline: bool = False, class_name: str = "ModelNew", seed: int = 42,
+                   jobs: int | None = None, build_jobs: int | None = None, jsonl=None, resume: bool = False,
+                   ray=None, floor_check: bool = True, scrub_freed_memory: bool = True, keep_temp: bool = False,
+                   progress: Callable[[str], None] | None = None, strict: bool = False) -> BatchReport:
+    """evaluate() over several problems at once: problems is [(reference, candidates), ...] (see
+    manifest.read_manifest). A reference that cannot be measured is reported in BatchReport.errors and its
+    candidates are not run (strict=True raises EvaluationError instead)."""
     say = progress or (lambda _msg: None)
-    ref_path = Path(reference).resolve()
-    if not ref_path.is_file():
-        raise EvaluationError(f"reference file not found: {reference}")
-    cand_paths = [Path(candidates)] if isinstance(candidates, (str, os.PathLike)) else [Path(c) for c in candidates]
-    cand_paths = [p.resolve() for p in cand_paths]
     if trials < 1 or perf_trials < 1:
         raise ValueError("trials and perf_trials must be >= 1")
-    config = {"reference": str(ref_path), "class_name": class_name, "device": device or "auto", "trials": trials,
-              "perf_trials": perf_trials, "warmup": warmup, "atol": atol, "rtol": rtol, "seed": seed,
-              "compile_baseline": compile_baseline, "scrub_freed_memory": scrub_freed_memory}
+    if resume and not jsonl:
+        raise ValueError("resume needs the JSON Lines file of the earlier run (jsonl=PATH, --jsonl PATH)")
+    if build_jobs is not None and build_jobs < 0:
+        raise ValueError("--build-jobs must be >= 0")
+    settings = {"class_name": class_name, "trials": trials, "perf_trials": perf_trials, "warmup": warmup,
+                "atol": atol, "rtol": rtol, "seed": seed, "compile_baseline": compile_baseline,
+                "scrub_freed_memory": scrub_freed_memory}
+    resolved = []
+    for reference, candidates in problems:
+        ref_path = Path(reference).resolve()
+        if not ref_path.is_file():
+            raise EvaluationError(f"reference file not found: {reference}")
+        resolved.append((ref_path, expand_candidates(ref_path, candidates)))
+
     root = Path(tempfile.mkdtemp(prefix="fastnorm-eval-"))
-    config["share_dir"] = str(_share_folder(root))
+    share_dir = make_share_folder(root)
+    log = None
     try:
-        say(f"reference: timing {ref_path.name}")
-        baseline = _baseline(config, root / "reference", timeout * (2 if compile_baseline else 1))
-        config["device"] = baseline.device
-        say(f"reference: {baseline.ref_timing['median_ms']:.4g} ms on {baseline.device_name}")
-        workdirs = [root / f"{i:03d}-{p.stem}" for i, p in enumerate(cand_paths)]
-        finished = {i: CandidateResult(str(p), "load_error", f"candidate file not found: {p}")
-                    for i, p in enumerate(cand_paths) if not p.is_file()}
-        jobs = default_jobs() if jobs is None else jobs
-        pending = [i for i in range(len(cand_paths)) if i not in finished]
-        if jobs > 1 and len(pending) > 1:
-            say(f"building: importing {len(pending)} candidates, {jobs} at a time")
-            finished.update(_prebuild(config, cand_paths, workdirs, pending, jobs, timeout))
-        results = []
-        for i, path in enumerate(cand_paths):
-            if i not in finished:
-                outcome = run_worker({**config, "mode": "candidate", "candidate": str(path)}, workdirs[i], timeout)
-                finished[i] = _result_from(str(path), outcome, timeout, baseline, floor_check)
-            r = finished[i]
-            say(f"[{i + 1}/{len(cand_paths)}] {r.name}: {r.verdict}"
-                + (f" {r.speedup:.3g}x" if r.ok and r.speedup else "") + (f" - {r.message}" if r.message else ""))
-            results.append(r)
+        log = ResultsLog(jsonl, resume) if jsonl else None
+        run = _BatchRun(resolved, settings, str(share_dir), log, say, strict)
+        pending = run.pending_jobs()
+        to_run = sum(job.candidate is not None for job in pending)
+        if ray is not None and ray is not False:
+            from fastnorm.harness.ray_pool import RayPool
+
+            pool = RayPool("local" if ray is True else ray, device, jobs, timeout=timeout, floor_check=floor_check,
+                           compile_baseline=compile_baseline)
+            where, jobs = f"Ray ({pool.describe()})", pool.in_flight
+        else:
+            slots = plan_slots(device, jobs)
+            if build_jobs is None:
+                build_jobs = default_build_jobs() if to_run > 1 and slots[0].device != "cpu" else 0
+            pool = LocalPool(slots, build_jobs=build_jobs, timeout=timeout, floor_check=floor_check, root=root,
+                             keep_temp=keep_temp, baseline_timeout=timeout * (2 if compile_baseline else 1))
+            places = [s.where for s in slots]
+            where = (f"{places[0]} x{len(places)}" if len(set(places)) == 1 and len(places) > 1 else ", ".join(places))
+            where += f"; {build_jobs} builds at a time" if build_jobs else ""
+            jobs = len(slots)
+        resumed = f", {len(run.resumed)} done before ({jsonl})" if resume else ""
+        say(f"{run.total} candidates{resumed}; {to_run} to run on {where}")
+        pool.run(pending, run.handle)
     finally:
+        if log is not None:
+            log.close()
         if keep_temp:
             say(f"worker files kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-        shutil.rmtree(config["share_dir"], ignore_errors=True)
-    settings = {k: v for k, v in config.items() if k not in ("reference", "device", "share_dir")}
-    settings.update(timeout=timeout, floor_check=floor_check, jobs=jobs)
-    return EvalReport(reference=str(ref_path), baseline=baseline, results=results, settings=settings)
+        shutil.rmtree(share_dir, ignore_errors=True)
+    settings.update(timeout=timeout, floor_check=floor_check, jobs=jobs, build_jobs=build_jobs,
+                    backend="ray" if ray is not None and ray is not False else "local")
+    return run.report(settings)
 
 
-def _baseline(config: dict, workdir: Path, timeout: float) -> Baseline:
-    outcome = run_worker({**config, "mode": "baseline"}, workdir, timeout)
-    r = outcome.result
-    if r is None or not r.get("ok"):
-        why = (r or {}).get("message") or _death_message(outcome, timeout, config["reference"])
-        raise EvaluationError(f"cannot evaluate against {os.path.basename(config['reference'])}: {why}")
-    return Baseline(device=r["device"], device_name=r["device_name"], torch_version=r["torch_version"],
-                    ref_timing=r["ref_timing"], copy_bw=r["copy_bw"], min_bytes=r["min_bytes"],
-                    outputs=r.get("outputs", []), copy_bw_large=r.get("copy_bw_large"),
-                    copy_bw_same_size=r.get("copy_bw_same_size"), compiled_timing=r.get("compiled_timing"),
-                    compile_error=r.get("compile_error"))
+class _BatchRun:
+    """The evaluating process's record of a batch: results by candidate, baselines by where they were
+    measured, failed references; writes the JSON Lines file and the progress line as events arrive."""
 
+    def __init__(self, problems: list, settings: dict, share_dir: str, log: ResultsLog | None, say, strict: bool):
+        self.problems = [Problem(i, ref, cands, {**settings, "reference": str(ref), "share_dir": share_dir})
+                         for i, (ref, cands) in enumerate(problems)]
+        self.log, self.say, self.strict = log, say, strict
+        self.results: dict[int, CandidateResult] = {}
+        self.baselines: dict[int, dict] = {p.index: {} for p in self.problems}
+        self.errors: dict[int, str] = {}
+        self.jobs: list[Job] = []
+        self.resumed: dict[int, CandidateResult] = {}
+        done = log.done if log is not None else {}
+        for problem in self.problems:
+            for path in problem.candidates:
+                job = Job(len(self.jobs), problem, path)
+                self.jobs.append(job)
+                if result_key(problem.reference, path) in done:
+                    self.resumed[job.index] = done[result_key(problem.reference, path)]
+        self.total = len(self.jobs)
+        self.progress = ProgressLine(self.total, say, self.resumed.values())
+        self.results.update(self.resumed)
 
-def _prebuild(config: dict, paths: list[Path], workdirs: list[Path], pending: Iterable[int], jobs: int,
-              timeout: float) -> dict[int, CandidateResult]:
-    """Import candidates in parallel (load_inline builds dominate); returns the ones that already failed."""
-    def one(i):
-        return i, run_worker({**config, "mode": "import", "candidate": str(paths[i])}, workdirs[i], timeout)
+    def pending_jobs(self) -> list[Job]:
+        """Candidates still to run; missing files get their verdict here. A problem whose candidates all have
+        results still gets its reference measured, for the report's baseline."""
+        pending = []
+        for job in self.jobs:
+            if job.index in self.results:
+                continue
+            if not job.candidate.is_file():
+                self._finished(job, CandidateResult(str(job.candidate), "load_error",
+                                                    f"candidate file not found: {job.candidate}"))
+            else:
+                pending.append(job)
+        busy = {job.problem.index for job in pending}
+        pending += [Job(-1, p, None) for p in self.problems if p.index not in busy]
+        return pending
 
-    failed = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for i, outcome in pool.map(one, pending):
-            if not (outcome.result and outcome.result.get("verdict") == "ok"):
-                failed[i] = _result_from(str(paths[i]), outcome, timeout, None, True)
-    return failed
+    def handle(self, event) -> None:
+        if isinstance(event, Measured):
+            self.baselines[event.problem.index][event.where] = event.baseline
+            ref = event.baseline.ref_timing
+            self.say(f"reference {event.problem.reference.name}: {ref['median_ms']:.4g} ms on "
+                     f"{event.baseline.device_name} ({event.where})")
+        elif isinstance(event, ReferenceFailed):
+            if self.strict:
+                raise EvaluationError(event.message)
+            self.errors[event.problem.index] = event.message
+            self.say(f"reference {event.problem.reference.name}: {event.message}; its candidates are skipped")
+        elif isinstance(event, Finished) and event.result is not None and event.job.index >= 0 \
+                and event.job.problem.index not in self.errors:
+            self._finished(event.job, event.result)
 
+    def _finished(self, job: Job, result: CandidateResult) -> None:
+        self.results[job.index] = result
+        if self.log is not None:
+            self.log.write(job.problem.reference, result)
+        self.progress.finished(result)
 
-def _result_from(candidate: str, outcome: ChildOutcome, timeout: float, baseline: Baseline | None,
-                 floor_check: bool) -> CandidateResult:
-    r = outcome.result
-    if r is None:
-        verdict = "timeout" if outcome.timed_out else "runtime_error"
-        return CandidateResult(candidate, verdict, _death_message(outcome, timeout, candidate), stage=outcome.stage,
-                               wall_s=outcome.wall_s)
-    result = CandidateResult(candidate, r.get("verdict", "runtime_error"), r.get("message", ""),
-                             max_abs_err=r.get("max_abs_err"), max_rel_err=r.get("max_rel_err"),
-                             stage=r.get("stage", outcome.stage), wall_s=outcome.wall_s)
-    timing = r.get("timing")
-    if baseline is None or not timing:
-        return result
-    result.cand_timing = timing
-    result.cand_ms = timing["median_ms"]
-    result.ref_ms = baseline.ref_timing["median_ms"]
-    result.speedup = result.ref_ms / result.cand_ms if result.cand_ms > 0 else None
-    if baseline.compiled_timing:
-        result.compiled_ms = baseline.compiled_timing["median_ms"]
-        result.speedup_vs_compiled = result.compiled_ms / result.cand_ms if result.cand_ms > 0 else None
-    if result.cand_ms > 0:
-        result.achieved_gbps = baseline.min_bytes / (result.cand_ms * 1e-3) / 1e9
-        result.pct_of_copy_bw = result.achieved_gbps * 1e9 / baseline.copy_bw * 100 if baseline.copy_bw else None
-    if result.ok:
-        reason = judge_timing(timing, baseline.min_bytes, baseline.copy_bw, floor_check,
-                              baseline.ref_timing.get("device_tail_ms") or 0.0)
-        if reason:
-            result.verdict, result.message = "cheating", clip(reason)
-    return result
-
-
-def _death_message(outcome: ChildOutcome, timeout: float, path: str) -> str:
-    if outcome.timed_out:
-        return f"no verdict within {timeout:g} s (it was at: {outcome.stage}); its whole process group was killed"
-    return process_death(outcome.returncode, outcome.log_tail, path, outcome.stage)
-
-
-def _share_folder(root: Path) -> Path:
-    """Where the candidate's process puts the buffers the judge maps on CPU: shared memory when there is room
-    (a container's /dev/shm can be tiny), else beside the worker folders."""
-    shm = Path("/dev/shm")
-    try:
-        if shm.is_dir() and os.access(shm, os.W_OK):
-            stat = os.statvfs(shm)
-            if stat.f_bavail * stat.f_frsize >= SHM_MIN_FREE_BYTES:
-                return Path(tempfile.mkdtemp(prefix="fastnorm-eval-", dir=shm))
-    except OSError:
-        pass
-    folder = root / "shared"
-    folder.mkdir()
-    return folder
+    def report(self, settings: dict) -> BatchReport:
+        reports, errors = [], {}
+        for problem in self.problems:
+            baselines = self.baselines[problem.index]
+            if problem.index in self.errors or not baselines:
+                errors[str(problem.reference)] = self.errors.get(problem.index, "the reference was not measured")
+                continue
+            results = [self.results[j.index] for j in self.jobs if j.problem is problem and j.index in self.results]
+            reports.append(EvalReport(reference=str(problem.reference), baseline=next(iter(baselines.values())),
+                                      results=results, settings=settings, baselines=dict(baselines)))
+        return BatchReport(reports, errors)

@@ -3,6 +3,8 @@
 Torch-free: the parent process never imports torch through this module, so it can never hold a CUDA context
 that a candidate's crash could poison. A fresh `python -m fastnorm.harness.worker` (not a fork) per job.
 The worker's result comes back through a pipe only it holds (not a file a candidate could write).
+Thread-safe: a pool runs several at once, each stoppable through its `stop` event (Ctrl-C), and any exception
+while it waits (KeyboardInterrupt, Ray cancelling the task) kills the worker's group before it propagates.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from pathlib import Path
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `fastnorm` package
 _POLL_S = 0.05
+SHM_MIN_FREE_BYTES = 4 << 30
 
 
 @dataclass
@@ -28,10 +32,13 @@ class ChildOutcome:
     stage: str               # the last stage the worker announced
     log_tail: str            # the end of its stdout + stderr
     wall_s: float
+    cancelled: bool = False  # stopped from outside (Ctrl-C): no verdict
 
 
-def run_worker(config: dict, workdir: Path, timeout_s: float) -> ChildOutcome:
-    """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s."""
+def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None = None,
+               stop: threading.Event | None = None) -> ChildOutcome:
+    """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s or as
+    soon as `stop` is set. env: variables to set for it (CUDA_VISIBLE_DEVICES pins it to one GPU)."""
     workdir.mkdir(parents=True, exist_ok=True)
     paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log"}
     for path in paths.values():
@@ -41,7 +48,7 @@ def run_worker(config: dict, workdir: Path, timeout_s: float) -> ChildOutcome:
     config_path = workdir / f"config-{config.get('mode', 'job')}.json"
     config_path.write_text(json.dumps(config, indent=1))
 
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(_PACKAGE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault leaves a Python traceback in the log
@@ -60,27 +67,40 @@ def run_worker(config: dict, workdir: Path, timeout_s: float) -> ChildOutcome:
                                     cwd=str(workdir), start_new_session=True, pass_fds=(result_w,))
         finally:
             os.close(result_w)
-        if hasattr(os, "waitid"):
-            timed_out = not _wait_unreaped(proc.pid, timeout_s)
-        else:  # macOS before Python 3.13: reaps first, a tiny window for pid reuse
-            try:
-                proc.wait(timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-        _kill_group(proc.pid)  # also kills stragglers (a hung nvcc, a candidate's own children)
-        returncode = proc.wait()
+        try:
+            ended = _wait(proc, timeout_s, stop)
+        finally:  # also on KeyboardInterrupt: the group must not outlive the evaluator
+            _kill_group(proc.pid)  # also kills stragglers (a hung nvcc, a candidate's own children)
+            returncode = proc.wait()
+        cancelled = stop is not None and stop.is_set() and not ended
+        timed_out = not ended and not cancelled
     wall = time.monotonic() - t0
     reader.join(5.0)  # the group is dead: every write end is closed
     result = None
-    if returncode == 0 and not timed_out:  # a worker killed after something else wrote into its pipe: no result
+    if returncode == 0 and ended:  # a worker killed after something else wrote into its pipe: no result
         try:
             result = json.loads(b"".join(chunks))
         except ValueError:
             pass
     return ChildOutcome(result=result if isinstance(result, dict) else None,
                         returncode=None if timed_out else returncode, timed_out=timed_out,
-                        stage=last_line(paths["progress_path"]), log_tail=file_tail(paths["log_path"]), wall_s=wall)
+                        stage=last_line(paths["progress_path"]), log_tail=file_tail(paths["log_path"]), wall_s=wall,
+                        cancelled=cancelled)
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float, stop: threading.Event | None) -> bool:
+    """True when the worker exited by itself; False on timeout or stop."""
+    if hasattr(os, "waitid"):
+        return _wait_unreaped(proc.pid, timeout_s, stop)
+    deadline = time.monotonic() + timeout_s  # macOS before Python 3.13: reaps first, a tiny window for pid reuse
+    while not (stop is not None and stop.is_set()):
+        try:
+            proc.wait(min(_POLL_S * 4, max(0.0, deadline - time.monotonic())))
+            return True
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return False
+    return False
 
 
 def _read_all(fd: int, chunks: list) -> None:
@@ -94,15 +114,15 @@ def _read_all(fd: int, chunks: list) -> None:
         os.close(fd)
 
 
-def _wait_unreaped(pid: int, timeout_s: float) -> bool:
+def _wait_unreaped(pid: int, timeout_s: float, stop: threading.Event | None) -> bool:
     """Wait for the child to exit without reaping it, so its pid (= the group id) cannot be reused before
-    we kill the rest of its group. Returns False on timeout."""
+    we kill the rest of its group. Returns False on timeout or stop."""
     deadline = time.monotonic() + timeout_s
     while True:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         if info is not None and info.si_pid == pid:
             return True
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
             return False
         time.sleep(_POLL_S)
 
@@ -130,3 +150,19 @@ def file_tail(path: Path, nbytes: int = 16384) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def make_share_folder(root: Path) -> Path:
+    """Where the candidate's process puts the buffers the judge maps on CPU: shared memory when there is room
+    (a container's /dev/shm can be tiny), else beside the worker folders."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            stat = os.statvfs(shm)
+            if stat.f_bavail * stat.f_frsize >= SHM_MIN_FREE_BYTES:
+                return Path(tempfile.mkdtemp(prefix="fastnorm-eval-", dir=shm))
+    except OSError:
+        pass
+    folder = root / "shared"
+    folder.mkdir()
+    return folder

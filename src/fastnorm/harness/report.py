@@ -55,6 +55,14 @@ class CandidateResult:
     pct_of_copy_bw: float | None = None
     stage: str = ""                              # where the worker was when it finished (or died)
     wall_s: float = 0.0
+    gpu: str | None = None                       # the GPU it ran on (its CUDA_VISIBLE_DEVICES id); None on CPU
+    worker: str | None = None                    # which worker: "slot N" on this host, the node's address on Ray
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CandidateResult":
+        """Back from to_dict() (a --jsonl line); unknown keys are ignored."""
+        known = {f: d[f] for f in cls.__dataclass_fields__ if f in d}
+        return cls(**known)
 
     @property
     def name(self) -> str:
@@ -85,9 +93,10 @@ def summarize(results: list[CandidateResult]) -> dict:
 @dataclass
 class EvalReport:
     reference: str
-    baseline: Baseline
+    baseline: Baseline               # the first worker's (the only one with one worker)
     results: list[CandidateResult]
     settings: dict
+    baselines: dict = field(default_factory=dict)  # where each worker measured the reference -> its Baseline
 
     @property
     def device(self) -> str:
@@ -103,10 +112,11 @@ class EvalReport:
 
     def to_json(self) -> dict:
         """The JSON document (strict JSON: non-finite numbers become null)."""
-        return _finite({"device": self.device, "device_name": self.baseline.device_name,
-                        "reference": self.reference, "torch_version": self.baseline.torch_version,
-                        "settings": self.settings, "baseline": self.baseline.to_dict(),
-                        "results": [r.to_dict() for r in self.results], "summary": self.summary})
+        return finite_numbers({"device": self.device, "device_name": self.baseline.device_name,
+                               "reference": self.reference, "torch_version": self.baseline.torch_version,
+                               "settings": self.settings, "baseline": self.baseline.to_dict(),
+                               "baselines": {where: b.to_dict() for where, b in self.baselines.items()},
+                               "results": [r.to_dict() for r in self.results], "summary": self.summary})
 
     def format_table(self) -> str:
         b = self.baseline
@@ -133,11 +143,41 @@ class EvalReport:
             if r.message:
                 lines.append(f"    {r.message}")
         if len(self.results) > 1:
-            s = self.summary
-            fast = ", ".join(f"fast_{p:g} {s[f'fast_{p:g}']:.2f}" for p in FAST_P)
-            geo = f"{s['geomean_speedup']:.3g}x" if s["geomean_speedup"] else "-"
-            lines += ["", f"summary: {s['ok']}/{s['candidates']} ok; {fast}; geomean speedup of correct {geo}"]
+            lines += ["", f"summary: {_summary_text(self.summary)}"]
         return "\n".join(lines)
+
+
+@dataclass
+class BatchReport:
+    """Several problems (`fastnorm eval --manifest`): a report per reference that could be measured, and why
+    the others could not."""
+    reports: list[EvalReport]
+    errors: dict = field(default_factory=dict)   # reference path -> why it could not be evaluated
+
+    @property
+    def all_ok(self) -> bool:
+        return not self.errors and all(r.all_ok for r in self.reports)
+
+    @property
+    def summary(self) -> dict:
+        return summarize([c for r in self.reports for c in r.results])
+
+    def to_json(self) -> dict:
+        return finite_numbers({"problems": [r.to_json() for r in self.reports], "errors": self.errors,
+                               "summary": self.summary})
+
+    def format_table(self) -> str:
+        parts = [r.format_table() for r in self.reports]
+        parts += [f"reference: {ref}\n  not evaluated: {why}" for ref, why in self.errors.items()]
+        parts.append(f"all {len(self.reports)} problems: {_summary_text(self.summary)}"
+                     + (f"; {len(self.errors)} references not evaluated" if self.errors else ""))
+        return "\n\n".join(parts)
+
+
+def _summary_text(s: dict) -> str:
+    fast = ", ".join(f"fast_{p:g} {s[f'fast_{p:g}']:.2f}" for p in FAST_P)
+    geo = f"{s['geomean_speedup']:.3g}x" if s["geomean_speedup"] else "-"
+    return f"{s['ok']}/{s['candidates']} ok; {fast}; geomean speedup of correct {geo}"
 
 
 def _num(x) -> str:
@@ -148,11 +188,11 @@ def _pct(nbytes: int, ms: float, bw: float) -> str:
     return f"{nbytes / (ms * 1e-3) / bw * 100:.0f}% of copy bandwidth" if ms and bw else "-"
 
 
-def _finite(value):
+def finite_numbers(value):
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite_numbers(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite_numbers(v) for v in value]
     return value

@@ -64,7 +64,8 @@ def run_baseline(cfg: dict, progress: Progress) -> dict:
     limit = torch.cuda.mem_get_info(device)[0] // 3 if device.type == "cuda" else 1 << 30
     large = min(1 << 30 if device.type == "cuda" else 256 << 20, limit)
     same_size = min(max(min_bytes // 2, 1 << 20), limit)
-    result["copy_bw_large"] = copy_bandwidth(device, large, best=True)
+    # The large copy depends on the GPU only: the parent passes it in once one baseline on this GPU measured it.
+    result["copy_bw_large"] = cfg.get("copy_bw_large") or copy_bandwidth(device, large, best=True)
     result["copy_bw_same_size"] = copy_bandwidth(device, same_size, best=True)
     result["copy_bw"] = max(result["copy_bw_large"], result["copy_bw_same_size"])
 

@@ -1,0 +1,47 @@
+"""The progress line of a batch: one line on stderr per finished candidate, with done / total, the verdicts
+so far and an estimate of the time left (from the candidates finished in this run only, not resumed ones)."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable
+
+from fastnorm.harness.report import VERDICTS, CandidateResult
+
+
+class ProgressLine:
+    def __init__(self, total: int, say: Callable[[str], None], already_done=()):
+        self.total, self.say = total, say
+        self.counts = Counter(r.verdict for r in already_done)
+        self.done = self.resumed = sum(self.counts.values())
+        self.start = time.monotonic()
+
+    def finished(self, result: CandidateResult) -> None:
+        self.done += 1
+        self.counts[result.verdict] += 1
+        where = f" on gpu {result.gpu}" if result.gpu is not None else ""
+        if result.worker and result.worker.startswith("ray"):
+            where += f" ({result.worker})"
+        text = (f"[{self.done}/{self.total}] {result.name}: {result.verdict}"
+                + (f" {result.speedup:.3g}x" if result.ok and result.speedup else "") + where
+                + (f" - {result.message}" if result.message else ""))
+        self.say(f"{text} | {self.verdicts()}{self.eta()}")
+
+    def verdicts(self) -> str:
+        return ", ".join(f"{v} {self.counts[v]}" for v in VERDICTS if self.counts[v])
+
+    def eta(self) -> str:
+        ran = self.done - self.resumed
+        left = self.total - self.done
+        if ran <= 0 or left <= 0:
+            return ""
+        return f" | ETA {format_seconds((time.monotonic() - self.start) / ran * left)}"
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
