@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None,
                    help="candidates judged at once: default one per visible GPU (never two on one GPU), 1 on CPU")
     p.add_argument("--build-jobs", type=int, default=None,
-                   help=f"candidate builds run ahead of the judges, overlapping timing (default on CUDA "
-                        f"{default_build_jobs()} here with several candidates; 0 on CPU: each judge builds)")
+                   help=f"candidate builds run ahead of the judges, overlapping timing (default 0: each judge "
+                        f"builds; {default_build_jobs()} suits several candidates on CUDA here)")
     p.add_argument("--jsonl", default=None, metavar="PATH",
                    help="append one JSON object per candidate to PATH as each finishes")
     p.add_argument("--resume", action="store_true",

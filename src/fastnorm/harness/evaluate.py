@@ -18,7 +18,7 @@ from fastnorm.harness.batch import Finished, Job, Measured, Problem, ReferenceFa
 from fastnorm.harness.isolation import make_share_folder
 from fastnorm.harness.manifest import expand_candidates
 from fastnorm.harness.outcomes import EvaluationError
-from fastnorm.harness.pool import LocalPool, default_build_jobs, plan_slots
+from fastnorm.harness.pool import LocalPool, plan_slots
 from fastnorm.harness.progress import ProgressLine
 from fastnorm.harness.report import BatchReport, CandidateResult, EvalReport
 from fastnorm.harness.results_log import ResultsLog, result_key
@@ -40,7 +40,7 @@ def evaluate(reference, candidates, *, device: str | None = None, trials: int = 
     fp16/bf16, exact for integers. timeout: seconds per child process.
     jobs: candidates judged at once - default one per visible GPU (at most one per GPU), 1 on CPU.
     build_jobs: candidate imports (load_inline builds) run ahead of the judges, overlapping timing - default
-    min(8, cores / 2) on CUDA with several candidates, 0 (each judge builds its own) on CPU.
+    0 (each judge builds its own); min(8, cores / 2) suits several candidates on CUDA.
     jsonl: append one JSON object per candidate to this file as it finishes; resume: keep that file's
     results and skip their candidates. ray: run on a Ray cluster instead - an address, or True / "local" for
     a local instance (needs `pip install fastnorm[ray]`).
@@ -97,8 +97,8 @@ def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf
             where, jobs = f"Ray ({pool.describe()})", pool.in_flight
         else:
             slots = plan_slots(device, jobs)
-            if build_jobs is None:
-                build_jobs = default_build_jobs() if to_run > 1 and slots[0].device != "cpu" else 0
+            if build_jobs is None:  # opt-in until the build pool has run on a GPU (it has only on CPU)
+                build_jobs = 0
             pool = LocalPool(slots, build_jobs=build_jobs, timeout=timeout, floor_check=floor_check, root=root,
                              keep_temp=keep_temp, baseline_timeout=timeout * (2 if compile_baseline else 1))
             places = [s.where for s in slots]
