@@ -20,6 +20,8 @@
 // so results are bitwise the same for every thread count.
 #pragma once
 
+#include "norm_params.h"
+
 // Everything the vector headers need besides themselves, included first so that it is compiled for
 // the baseline instruction set like the other translation units (c10::Half's conversions, for one,
 // depend on the CPU_CAPABILITY macros: one definition for the whole extension).
@@ -51,22 +53,31 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)) && !defined(FASTNORM_CPU_BASELINE)
 #define FASTNORM_SIMD_TARGETED 1
-// -Wpsabi: GCC notes that 256-bit vectors pass differently with AVX on; every such function is ours
-// or at::vec's, inline and compiled under the same target (PyTorch builds with -Wno-psabi too).
-#define FASTNORM_SIMD_BEGIN                                                                  \
-  _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma,f16c\")")                     \
-      _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpsabi\"")
-#define FASTNORM_SIMD_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
+#define FASTNORM_SIMD_TARGET _Pragma("GCC target(\"avx2,fma,f16c\")")
 #define CPU_CAPABILITY fastnorm_avx2  // our own namespace for the AVX2 build of at::vec
 #define CPU_CAPABILITY_AVX2
 #else
 #define FASTNORM_SIMD_TARGETED 0
-#define FASTNORM_SIMD_BEGIN
-#define FASTNORM_SIMD_END
+#define FASTNORM_SIMD_TARGET
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(CPU_CAPABILITY_AVX2) && \
     !defined(FASTNORM_CPU_BASELINE)
 #define CPU_CAPABILITY_AVX2
 #endif
+#endif
+
+// GCC fuses a * b + c across statements by default (-ffp-contract=fast): in the backward, dy * w
+// fused into g - mean(g) left the rounding of g where n = 1 must give exactly 0 (times rstd = 316).
+// FMAs are spelled out (at::vec::fmadd) where wanted. -Wpsabi: GCC notes that 256-bit vectors pass
+// differently with AVX on; every such function is ours or at::vec's, inline and compiled under the
+// same target (PyTorch builds with -Wno-psabi too).
+#if defined(__GNUC__) && !defined(__clang__)
+#define FASTNORM_SIMD_BEGIN                                                                   \
+  _Pragma("GCC push_options") FASTNORM_SIMD_TARGET _Pragma("GCC optimize(\"fp-contract=off\")") \
+      _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpsabi\"")
+#define FASTNORM_SIMD_END _Pragma("GCC diagnostic pop") _Pragma("GCC pop_options")
+#else
+#define FASTNORM_SIMD_BEGIN
+#define FASTNORM_SIMD_END
 #endif
 
 namespace fastnorm_cpu {
@@ -86,6 +97,41 @@ inline bool simd_available() {
 #endif
   }();
   return available;
+}
+
+// Compute type of an input type: float for fp32/bf16/fp16, double for float64.
+template <class T> struct Compute { using type = float; };
+template <> struct Compute<double> { using type = double; };
+template <class T> using compute_t = typename Compute<T>::type;
+
+template <class T> constexpr int dtype_of();
+template <> constexpr int dtype_of<float>() { return FN_F32; }
+template <> constexpr int dtype_of<double>() { return FN_F64; }
+template <> constexpr int dtype_of<c10::Half>() { return FN_F16; }
+template <> constexpr int dtype_of<c10::BFloat16>() { return FN_BF16; }
+
+template <class T> struct Tag { using type = T; };
+
+template <class TX, class F>
+const char* dispatch_weight(int wdtype, bool affine, F& f) {
+  using C = compute_t<TX>;
+  if (!affine || wdtype == dtype_of<C>()) f(Tag<TX>{}, Tag<C>{});  // no weights: the type is moot
+  else if (wdtype == dtype_of<TX>()) f(Tag<TX>{}, Tag<TX>{});
+  else return "fastnorm CPU kernels: weight/bias must have the input's dtype or float32 (float64 for float64 input)";
+  return nullptr;
+}
+
+// Calls f(Tag<TX>{}, Tag<TW>{}) for the input dtype TX and the weight dtype TW, which is TX or its
+// compute type (what the binding passes); an error message for anything else.
+template <class F>
+const char* dispatch_dtypes(int dtype, int wdtype, bool affine, F&& f) {
+  switch (dtype) {
+    case FN_F32: return dispatch_weight<float>(wdtype, affine, f);
+    case FN_F64: return dispatch_weight<double>(wdtype, affine, f);
+    case FN_F16: return dispatch_weight<c10::Half>(wdtype, affine, f);
+    case FN_BF16: return dispatch_weight<c10::BFloat16>(wdtype, affine, f);
+    default: return "fastnorm CPU kernels: unsupported input dtype";
+  }
 }
 
 constexpr int64_t kChunk = 2048;             // elements of a row per statistics chunk (L1-resident)
@@ -131,6 +177,30 @@ struct Moments {
   double rstd(double eps) const { return 1.0 / std::sqrt(clamp_variance(m2, count) + eps); }
 };
 
+// Statistics of one column (elements `stride` apart) in double, for the scalar kernels:
+// x - mean = (x - ref) - off, two passes like the vector code's.
+struct ScalarStats {
+  double ref, off, rstd;
+};
+
+template <class T>
+ScalarStats scalar_stats(const T* x, int64_t n, int64_t stride, bool rms, double eps) {
+  double ref = 0.0, sq = 0.0, lin = 0.0;
+  if (!rms) {
+    for (int64_t j = 0; j < n; ++j) ref += static_cast<double>(x[j * stride]);
+    ref /= double(n);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const double d = static_cast<double>(x[j * stride]) - ref;
+    sq += d * d;
+    lin += d;
+  }
+  if (rms) return {0.0, 0.0, 1.0 / std::sqrt(sq / double(n) + eps)};
+  Moments m;
+  m.add(n, ref, sq, lin);
+  return {ref, m.off, m.rstd(eps)};
+}
+
 }  // namespace fastnorm_cpu
 
 FASTNORM_SIMD_BEGIN
@@ -152,11 +222,6 @@ namespace fastnorm_cpu {
 using at::BFloat16;
 using at::Half;
 using at::vec::Vectorized;
-
-// Compute type of an input type: float for fp32/bf16/fp16, double for float64.
-template <class T> struct Compute { using type = float; };
-template <> struct Compute<double> { using type = double; };
-template <class T> using compute_t = typename Compute<T>::type;
 
 // Loads and stores of one "step" of a storage type T: kParts vectors of its compute type (two float
 // vectors per bf16/fp16 vector, converted by at::vec).
@@ -437,6 +502,18 @@ struct Block {
   static constexpr int64_t kRowsPerChunk = kChunk / kLanes > 0 ? kChunk / kLanes : 1;
 };
 
+// Asks for the next block's part of the row at p, `ahead` elements after this block's lanes, which
+// this thread's next task reads: with one stream per row (64 for 64 channels) the hardware
+// prefetchers lose track, and each block waited on its loads.
+template <class T, int NV>
+C10_ALWAYS_INLINE void prefetch_next_block(const T* p, int64_t ahead, bool write) {
+  constexpr int64_t kLanes = Block<T, NV>::kLanes;
+  for (int64_t e = 0; e < ahead; e += 64 / int64_t(sizeof(T))) {
+    if (write) __builtin_prefetch(p + kLanes + e, 1);
+    else __builtin_prefetch(p + kLanes + e, 0);
+  }
+}
+
 // Loads the block's row at p, `width` lanes valid. When reading kLanes elements at p stays below
 // `end` (the end of the input), one load per step, lanes past width holding whatever follows (the
 // caller ignores them); otherwise zero padding through a buffer.
@@ -460,7 +537,7 @@ C10_ALWAYS_INLINE void load_block_row(const T* p, int64_t width, const T* end, V
 // on its mean when some lane's first row lies far out (see kMaxShift2); RMSNorm: center 0.
 template <class T, int NV>
 C10_ALWAYS_INLINE void block_chunk_sums(const T* x, int64_t j0, int64_t j1, int64_t inner, int64_t width,
-                                        const T* end, bool rms, Vectorized<compute_t<T>>* center,
+                                        int64_t ahead, const T* end, bool rms, Vectorized<compute_t<T>>* center,
                                         Vectorized<compute_t<T>>* sq, Vectorized<compute_t<T>>* lin) {
   using B = Block<T, NV>;
   using C = typename B::C;
@@ -476,6 +553,7 @@ C10_ALWAYS_INLINE void block_chunk_sums(const T* x, int64_t j0, int64_t j1, int6
     for (int q = 0; q < NV; ++q) sq[q] = lin[q] = V(0);
     for (int64_t j = j0; j < j1; ++j) {
       V v[NV];
+      if (pass == 0) prefetch_next_block<T, NV>(x + j * inner, ahead, false);
       load_block_row<T, NV>(x + j * inner, width, end, v);
       for (int q = 0; q < NV; ++q) {
         const V d = v[q] - center[q];
@@ -498,9 +576,9 @@ C10_ALWAYS_INLINE void block_chunk_sums(const T* x, int64_t j0, int64_t j1, int6
 }
 
 // Per-lane coefficients of the columns x[j * inner + l], j < n, l < width, as vectors (lanes past
-// width hold values nobody uses). `end`: the end of the input, for load_block_row.
+// width hold values nobody uses). `ahead`: see prefetch_next_block; `end`: see load_block_row.
 template <class T, int NV>
-inline void block_coeffs(const T* x, int64_t n, int64_t inner, int64_t width, const T* end, bool rms,
+inline void block_coeffs(const T* x, int64_t n, int64_t inner, int64_t width, int64_t ahead, const T* end, bool rms,
                          double eps, Vectorized<compute_t<T>>* ref, Vectorized<compute_t<T>>* off,
                          Vectorized<compute_t<T>>* rstd) {
   using B = Block<T, NV>;
@@ -509,7 +587,7 @@ inline void block_coeffs(const T* x, int64_t n, int64_t inner, int64_t width, co
   constexpr int64_t W = B::S::kWidth;
   V center[NV], sq[NV], lin[NV];
   if (n <= B::kRowsPerChunk) {  // one chunk: finish in vector registers, nothing to fold
-    block_chunk_sums<T, NV>(x, 0, n, inner, width, end, rms, center, sq, lin);
+    block_chunk_sums<T, NV>(x, 0, n, inner, width, ahead, end, rms, center, sq, lin);
     const V inv_n = V(C(1.0 / double(n))), eps_v = V(C(eps)), zero = V(C(0));
     for (int q = 0; q < NV; ++q) {
       if (rms) {
@@ -528,7 +606,7 @@ inline void block_coeffs(const T* x, int64_t n, int64_t inner, int64_t width, co
   double sq_total[B::kLanes] = {};
   for (int64_t j0 = 0; j0 < n; j0 += B::kRowsPerChunk) {
     const int64_t j1 = std::min(n, j0 + B::kRowsPerChunk);
-    block_chunk_sums<T, NV>(x, j0, j1, inner, width, end, rms, center, sq, lin);
+    block_chunk_sums<T, NV>(x, j0, j1, inner, width, ahead, end, rms, center, sq, lin);
     C c_l[B::kLanes], sq_l[B::kLanes], lin_l[B::kLanes];
     for (int q = 0; q < NV; ++q) {
       center[q].store(c_l + q * W);

@@ -10,12 +10,6 @@
 
 namespace {
 
-template <class T> constexpr int dtype_of();
-template <> constexpr int dtype_of<float>() { return FN_F32; }
-template <> constexpr int dtype_of<double>() { return FN_F64; }
-template <> constexpr int dtype_of<c10::Half>() { return FN_F16; }
-template <> constexpr int dtype_of<c10::BFloat16>() { return FN_BF16; }
-
 // ---------------------------------------------------------------------------------------------
 // Portable scalar kernels (baseline instruction set): double arithmetic, one column at a time.
 
@@ -30,23 +24,9 @@ void forward_scalar(const NormParams& p) {
     for (int64_t i = 0; i < inner; ++i) {
       const TX* xc = x + o * p.x_outer_stride + i;
       TX* yc = y + o * n * inner + i;
-      double mean = 0.0;
-      if (!p.rms) {
-        for (int64_t j = 0; j < n; ++j) mean += static_cast<double>(xc[j * inner]);
-        mean /= double(n);
-      }
-      fastnorm_cpu::Moments m;
-      double sq = 0.0, lin = 0.0;
+      const auto st = fastnorm_cpu::scalar_stats(xc, n, inner, p.rms != 0, p.eps);
       for (int64_t j = 0; j < n; ++j) {
-        const double d = static_cast<double>(xc[j * inner]) - mean;
-        sq += d * d;
-        lin += d;
-      }
-      m.add(n, mean, sq, p.rms ? 0.0 : lin);
-      const double off = p.rms ? 0.0 : m.off;
-      const double rstd = p.rms ? 1.0 / std::sqrt(sq / double(n) + p.eps) : m.rstd(p.eps);
-      for (int64_t j = 0; j < n; ++j) {
-        double v = ((static_cast<double>(xc[j * inner]) - mean) - off) * rstd;
+        double v = ((static_cast<double>(xc[j * inner]) - st.ref) - st.off) * st.rstd;
         if (w) v *= static_cast<double>(w[j]);
         if (b) v += static_cast<double>(b[j]);
         yc[j * inner] = static_cast<TX>(v);
@@ -55,24 +35,10 @@ void forward_scalar(const NormParams& p) {
   }
 }
 
-template <class TX>
-const char* forward_scalar_weight(const NormParams& p) {
-  const bool affine = p.weight != nullptr || p.bias != nullptr;
-  using C = fastnorm_cpu::compute_t<TX>;
-  if (!affine || p.wdtype == dtype_of<C>()) forward_scalar<TX, C>(p);
-  else if (p.wdtype == dtype_of<TX>()) forward_scalar<TX, TX>(p);
-  else return "fastnorm_cpu_forward: weight/bias must have the input's dtype or float32 (float64 for double)";
-  return nullptr;
-}
-
 const char* forward_scalar_any(const NormParams& p) {
-  switch (p.dtype) {
-    case FN_F32: return forward_scalar_weight<float>(p);
-    case FN_F64: return forward_scalar_weight<double>(p);
-    case FN_F16: return forward_scalar_weight<c10::Half>(p);
-    case FN_BF16: return forward_scalar_weight<c10::BFloat16>(p);
-    default: return "fastnorm_cpu_forward: unsupported input dtype";
-  }
+  return fastnorm_cpu::dispatch_dtypes(p.dtype, p.wdtype, p.weight || p.bias, [&](auto tx, auto tw) {
+    forward_scalar<typename decltype(tx)::type, typename decltype(tw)::type>(p);
+  });
 }
 
 }  // namespace
@@ -170,7 +136,7 @@ void forward_rows(const NormParams& p) {
 // while that stays below `store_end`; otherwise its tail step goes through a buffer.
 template <class TX, class TW, bool kRms, bool kW, bool kB, int NV>
 void write_block(const TX* x, TX* y, const TW* w, const TW* b, int64_t n, int64_t inner, int64_t width,
-                 const TX* load_end, const TX* store_end, const Vectorized<compute_t<TX>>* ref,
+                 int64_t ahead, const TX* load_end, const TX* store_end, const Vectorized<compute_t<TX>>* ref,
                  const Vectorized<compute_t<TX>>* off, const Vectorized<compute_t<TX>>* rstd) {
   using Bk = Block<TX, NV>;
   using S = typename Bk::S;
@@ -179,6 +145,7 @@ void write_block(const TX* x, TX* y, const TW* w, const TW* b, int64_t n, int64_
   for (int64_t j = 0; j < n; ++j) {
     const V wj(kW ? static_cast<C>(w[j]) : C(1)), bj(kB ? static_cast<C>(b[j]) : C(0));
     TX* yj = y + j * inner;
+    prefetch_next_block<TX, NV>(yj, ahead, true);
     V v[NV];
     load_block_row<TX, NV>(x + j * inner, width, load_end, v);
     for (int q = 0; q < NV; ++q) {
@@ -222,9 +189,10 @@ void forward_channel_blocks(const NormParams& p) {
       TX* yb = y + o * n * inner + i0;
       // One block per slab: rows may spill into the next row of the same slab (this task's own).
       const TX* store_end = blocks == 1 ? y + (o + 1) * n * inner : yb;
+      const int64_t ahead = std::min(Bk::kLanes, inner - i0 - width);  // lanes of the next block
       V ref[NV], off[NV], rstd[NV];
-      block_coeffs<TX, NV>(xb, n, inner, width, x_end, kRms, p.eps, ref, off, rstd);
-      write_block<TX, TW, kRms, kW, kB, NV>(xb, yb, w, b, n, inner, width, x_end, store_end, ref, off, rstd);
+      block_coeffs<TX, NV>(xb, n, inner, width, ahead, x_end, kRms, p.eps, ref, off, rstd);
+      write_block<TX, TW, kRms, kW, kB, NV>(xb, yb, w, b, n, inner, width, ahead, x_end, store_end, ref, off, rstd);
     }
   });
 }
@@ -266,25 +234,10 @@ void forward_affine(const NormParams& p) {
   }
 }
 
-// Weight and bias come in the input's dtype or in its compute type (what the binding passes).
-template <class TX>
-const char* forward_weight(const NormParams& p) {
-  using C = compute_t<TX>;
-  const bool affine = p.weight != nullptr || p.bias != nullptr;
-  if (!affine || p.wdtype == dtype_of<C>()) forward_affine<TX, C>(p);
-  else if (p.wdtype == dtype_of<TX>()) forward_affine<TX, TX>(p);
-  else return "fastnorm_cpu_forward: weight/bias must have the input's dtype or float32 (float64 for double)";
-  return nullptr;
-}
-
 const char* forward_simd(const NormParams& p) {
-  switch (p.dtype) {
-    case FN_F32: return forward_weight<float>(p);
-    case FN_F64: return forward_weight<double>(p);
-    case FN_F16: return forward_weight<Half>(p);
-    case FN_BF16: return forward_weight<BFloat16>(p);
-    default: return "fastnorm_cpu_forward: unsupported input dtype";
-  }
+  return dispatch_dtypes(p.dtype, p.wdtype, p.weight || p.bias, [&](auto tx, auto tw) {
+    forward_affine<typename decltype(tx)::type, typename decltype(tw)::type>(p);
+  });
 }
 
 }  // namespace
