@@ -471,18 +471,24 @@ inline NormCoeffs<compute_t<T>> row_coeffs(const T* x, int64_t n, bool rms, doub
   return acc.finish(eps);
 }
 
-// The same coefficients with the chunks spread over the threads (for a few long rows).
+// The same coefficients for `rows` rows `stride` apart, every chunk of every row a task of one
+// parallel region (a few long rows), into coeffs[rows].
 template <class T>
-inline NormCoeffs<compute_t<T>> row_coeffs_parallel(const T* x, int64_t n, bool rms, double eps) {
+inline void rows_coeffs_parallel(const T* x, int64_t rows, int64_t stride, int64_t n, bool rms, double eps,
+                                 NormCoeffs<compute_t<T>>* coeffs) {
   const int64_t chunks = ceil_div(n, kChunk);
-  std::vector<ChunkStats> parts(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c)
-      parts[c] = chunk_stats(x + c * kChunk, std::min(kChunk, n - c * kChunk), rms);
+  std::vector<ChunkStats> parts(rows * chunks);
+  at::parallel_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r = t / chunks, e = (t % chunks) * kChunk;
+      parts[t] = chunk_stats(x + r * stride + e, std::min(kChunk, n - e), rms);
+    }
   });
-  RowAccumulator<compute_t<T>> acc(rms);
-  for (const ChunkStats& c : parts) acc.add(c);
-  return acc.finish(eps);
+  for (int64_t r = 0; r < rows; ++r) {
+    RowAccumulator<compute_t<T>> acc(rms);
+    for (int64_t c = 0; c < chunks; ++c) acc.add(parts[r * chunks + c]);
+    coeffs[r] = acc.finish(eps);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -107,20 +107,17 @@ void forward_rows(const NormParams& p) {
   const TW* b = static_cast<const TW*>(p.bias);
   const int64_t n = p.n, stride = p.x_outer_stride;
   const int threads = at::get_num_threads();
-  if (threads > 1 && p.outer < 2 * int64_t(threads) && n >= 8 * kChunk) {
+  if (threads > 1 && p.outer < 2 * int64_t(threads) && n >= 8 * kChunk) {  // a few long rows: split them
     const int64_t chunks = ceil_div(n, kChunk);
-    for (int64_t o = 0; o < p.outer; ++o) {
-      const TX* xr = x + o * stride;
-      TX* yr = y + o * n;
-      const auto k = row_coeffs_parallel(xr, n, kRms, p.eps);
-      at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          const int64_t e = c * kChunk;
-          write_run<TX, TW, kRms, kW, kB>(xr + e, yr + e, advance(w, e), advance(b, e),
-                                          std::min(kChunk, n - e), k);
-        }
-      });
-    }
+    std::vector<NormCoeffs<compute_t<TX>>> coeffs(p.outer);
+    rows_coeffs_parallel(x, p.outer, stride, n, kRms, p.eps, coeffs.data());
+    at::parallel_for(0, p.outer * chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t o = t / chunks, e = (t % chunks) * kChunk;
+        write_run<TX, TW, kRms, kW, kB>(x + o * stride + e, y + o * n + e, advance(w, e), advance(b, e),
+                                        std::min(kChunk, n - e), coeffs[o]);
+      }
+    });
     return;
   }
   at::parallel_for(0, p.outer, std::max<int64_t>(1, kParallelMinWork / n), [&](int64_t begin, int64_t end) {
