@@ -1,6 +1,7 @@
 """The CPU backward kernels (kernels/norm_cpu_backward.cpp) against float64 autograd of PyTorch's own
 norms, through a test-only binding (cpu_backward_ext.cpp): the package does not call them yet."""
 import hashlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -36,17 +37,49 @@ def ext():
                               build_directory=None if build_dir is None else str(build_dir))
 
 
+CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}  # FastnormDtype
+
+
 def wide(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def run_backward(ext, x, dy, weight, want_bias, rms, dims, eps=1e-5, saved=None, external_workspace=False,
+def outer_view(t, begin):
+    """t and the stride between its outer indices when dims [begin, ndim) are dense and the outer dims
+    collapse into one index (the layout the kernels read in place), else a contiguous copy."""
+    tail = math.prod(t.shape[begin:])
+    expected = 1
+    for d in reversed(range(begin, t.dim())):
+        if t.size(d) != 1 and t.stride(d) != expected:
+            return t.contiguous(), tail
+        expected *= t.size(d)
+    outer_dims = [d for d in range(begin) if t.size(d) != 1]
+    if not outer_dims:
+        return t, tail
+    stride, span = t.stride(outer_dims[-1]), t.size(outer_dims[-1])
+    for d in reversed(outer_dims[:-1]):
+        if t.stride(d) != stride * span:
+            return t.contiguous(), tail
+        span *= t.size(d)
+    return (t, stride) if stride >= tail else (t.contiguous(), tail)
+
+
+def run_backward(ext, x, dy, weight, want_bias, rms, dims, eps=1e-5, saved=None, workspace_bytes=-1,
                  param_dtype=None, want_dx=True):
+    """dx, dweight, dbias (dbias None unless wanted) from the kernels, over dims [begin, end)."""
     begin, end = dims
     param_dtype = param_dtype or (weight.dtype if weight is not None else wide(x.dtype))
+    outer, n = x.shape[:begin].numel(), x.shape[begin:end].numel()
+    inner = x.shape[end:].numel()
+    xv, xs = outer_view(x, begin)
+    dyv, dys = outer_view(dy, begin)
+    dx = torch.empty(x.shape, dtype=x.dtype) if want_dx else None
+    dw = torch.full((n,), 12345.0, dtype=param_dtype)  # must be overwritten
+    db = torch.full((n,), 12345.0, dtype=param_dtype) if want_bias else None
     mean, rstd = saved if saved is not None else (None, None)
-    return ext.norm_backward(x, dy, weight, want_dx, True, want_bias, begin, end, eps, rms, mean, rstd,
-                             external_workspace, torch.empty(0, dtype=param_dtype))
+    ext.norm_backward(xv, dyv, weight, dx, dw, db, mean, rstd, [outer, n, inner, xs, dys],
+                      [CODES[x.dtype], CODES[param_dtype]], rms, eps, workspace_bytes)
+    return dx, dw, db
 
 
 def reference_grads(x, dy, weight, bias, rms, dims, eps=1e-5):
@@ -162,12 +195,13 @@ def test_thread_count_does_not_change_the_bits(ext, shape, dims):
 def test_external_workspace_and_strided_views(ext):
     """A caller's workspace (garbage-filled) gives the same bits; x / dy with padded rows (outer
     stride > n) and a view starting one element into its buffer are read in place."""
+    assert outer_view(torch.randn(81, 50)[:, 5:38], 1)[1] == 50
     base = torch.randn(81 * 40 + 1)
     x = base[1:].view(81, 40)[:, :33]
     dy = torch.randn(81, 50)[:, 5:38]
     w = torch.randn(33)
     inside = run_backward(ext, x, dy, w, True, False, (1, 2))
-    outside = run_backward(ext, x, dy, w, True, False, (1, 2), external_workspace=True)
+    outside = run_backward(ext, x, dy, w, True, False, (1, 2), workspace_bytes=0)
     for a, b in zip(inside, outside):
         assert torch.equal(a, b)
     ref_dx, ref_dw, ref_db = reference_grads(x, dy, w, torch.zeros(33), False, (1, 2))
@@ -195,3 +229,5 @@ def test_bad_calls_get_clear_errors(ext):
         run_backward(ext, x, x, None, False, False, (1, 2), saved=(None, torch.ones(4)))
     with pytest.raises(RuntimeError, match="input's dtype or float32"):
         run_backward(ext, x, x, torch.randn(8, dtype=torch.float16), False, False, (1, 2))
+    with pytest.raises(RuntimeError, match="workspace smaller"):
+        run_backward(ext, x, x, None, True, False, (1, 2), workspace_bytes=8)

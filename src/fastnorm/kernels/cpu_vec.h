@@ -10,11 +10,12 @@
 // region or runtime check is needed.
 //
 // Accuracy. Sums run in vector registers of the compute type (float for fp32/bf16/fp16 inputs, double
-// for float64) over chunks of at most kChunk elements, two passes per chunk while it sits in L1 (sum,
-// then squares and sum of the deviations from the chunk's own mean), and the chunks are combined in
-// double in chunk order (Chan's formula). The mean is kept as two parts, a reference value of the
-// compute type (the first chunk's mean) plus a small offset, so `(x - ref) - offset` is exact near the
-// mean: a row at x + 1000 keeps its precision in float32 and float64 alike.
+// for float64) over chunks of at most kChunk elements (L1-resident), centered on the chunk's first
+// element, whose shift the sum of the deviations then corrects (a second pass centers on the mean when
+// that element lies far out); chunks combine in double in chunk order (Chan's formula). The mean is
+// kept in two parts, a value of the compute type (the first chunk's center) plus a small offset, so
+// `(x - ref) - offset` is exact near the mean: a row at x + 1000 keeps its precision in float32 and
+// float64 alike.
 //
 // Determinism. Chunk boundaries depend on the shape alone and chunks are combined in a fixed order,
 // so results are bitwise the same for every thread count.
@@ -204,17 +205,25 @@ ScalarStats scalar_stats(const T* x, int64_t n, int64_t stride, bool rms, double
 }  // namespace fastnorm_cpu
 
 FASTNORM_SIMD_BEGIN
-#if FASTNORM_SIMD_TARGETED
 // GCC's C++ front end does not define the ISA macros for a target pragma; sleef.h (included by the
 // AVX2 vectors) declares its AVX2 functions only under them.
+#if FASTNORM_SIMD_TARGETED && !defined(__AVX__)
 #define __AVX__ 1
+#define FASTNORM_DEFINED_AVX
+#endif
+#if FASTNORM_SIMD_TARGETED && !defined(__AVX2__)
 #define __AVX2__ 1
+#define FASTNORM_DEFINED_AVX2
 #endif
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#if FASTNORM_SIMD_TARGETED
+#ifdef FASTNORM_DEFINED_AVX
 #undef __AVX__
+#undef FASTNORM_DEFINED_AVX
+#endif
+#ifdef FASTNORM_DEFINED_AVX2
 #undef __AVX2__
+#undef FASTNORM_DEFINED_AVX2
 #endif
 
 namespace fastnorm_cpu {
@@ -335,6 +344,42 @@ inline void load_tail(const T* x, int64_t k, int64_t len, Vectorized<compute_t<T
     *first = 0;
     *last = len - k;
   }
+}
+
+// One step of a run at pos: kStep elements, of which the first `count` exist (count < kStep: a run
+// shorter than a step, zero-padded) and lanes [first, last) are new (first > 0: the last step of a
+// run, shifted back to end at the run's end, whose leading lanes an earlier step covered).
+struct StepSpan {
+  int64_t pos, count, first, last;
+};
+
+// Calls f(StepSpan) for each step of a run of len elements: whole steps, then the tail as above.
+template <class T, class F>
+C10_ALWAYS_INLINE void for_each_step(int64_t len, F&& f) {
+  constexpr int64_t kStep = Step<T>::kStep;
+  int64_t e = 0;
+  for (; e + kStep <= len; e += kStep) f(StepSpan{e, kStep, 0, kStep});
+  if (e == len) return;
+  if (len >= kStep) f(StepSpan{len - kStep, kStep, kStep - (len - e), kStep});
+  else f(StepSpan{e, len - e, 0, len - e});
+}
+
+template <class T>
+C10_ALWAYS_INLINE void load_span(const T* p, const StepSpan& s, Vectorized<compute_t<T>>* v) {
+  if (s.count == Step<T>::kStep) load_step(p + s.pos, v);
+  else load_step(p + s.pos, s.count, v);
+}
+
+template <class T>
+C10_ALWAYS_INLINE void store_span(T* p, const StepSpan& s, const Vectorized<compute_t<T>>* v) {
+  if (s.count == Step<T>::kStep) store_step(p + s.pos, v);
+  else store_step(p + s.pos, s.count, v);
+}
+
+template <class TX, class TW>
+C10_ALWAYS_INLINE void load_params_span(const TW* p, const StepSpan& s, Vectorized<compute_t<TX>>* v) {
+  if (s.count == Step<TX>::kStep) load_params<TX>(p + s.pos, v);
+  else load_params<TX>(p + s.pos, s.count, v);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -514,10 +559,14 @@ struct Block {
 template <class T, int NV>
 C10_ALWAYS_INLINE void prefetch_next_block(const T* p, int64_t ahead, bool write) {
   constexpr int64_t kLanes = Block<T, NV>::kLanes;
+#if defined(__GNUC__) || defined(__clang__)
   for (int64_t e = 0; e < ahead; e += 64 / int64_t(sizeof(T))) {
     if (write) __builtin_prefetch(p + kLanes + e, 1);
     else __builtin_prefetch(p + kLanes + e, 0);
   }
+#else
+  (void)p, (void)ahead, (void)write;
+#endif
 }
 
 // Loads the block's row at p, `width` lanes valid. When reading kLanes elements at p stays below
@@ -536,6 +585,24 @@ C10_ALWAYS_INLINE void load_block_row(const T* p, int64_t width, const T* end, V
     if (count >= kStep) load_step(p + s * kStep, v + s * kParts);
     else if (count > 0) load_step(p + s * kStep, count, v + s * kParts);
     else for (int q = 0; q < kParts; ++q) v[s * kParts + q] = typename B::V(0);
+  }
+}
+
+// Stores the block's row at p, `width` lanes valid: whole (one store per step, lanes past width
+// landing on elements that belong to someone who rewrites them later) while p + kLanes stays below
+// `end`, otherwise the valid steps only, the last through a buffer.
+template <class T, int NV>
+C10_ALWAYS_INLINE void store_block_row(T* p, int64_t width, const T* end, const Vectorized<compute_t<T>>* v) {
+  using B = Block<T, NV>;
+  constexpr int64_t kStep = B::S::kStep, kParts = B::S::kParts;
+  if (width == B::kLanes || p + B::kLanes <= end) {
+    for (int s = 0; s < B::kSteps; ++s) store_step(p + s * kStep, v + s * kParts);
+    return;
+  }
+  for (int s = 0; s < B::kSteps && s * kStep < width; ++s) {
+    const int64_t count = std::min(kStep, width - s * kStep);
+    if (count == kStep) store_step(p + s * kStep, v + s * kParts);
+    else store_step(p + s * kStep, count, v + s * kParts);
   }
 }
 
@@ -592,7 +659,7 @@ inline void block_coeffs(const T* x, int64_t n, int64_t inner, int64_t width, in
   using V = typename B::V;
   constexpr int64_t W = B::S::kWidth;
   V center[NV], sq[NV], lin[NV];
-  if (n <= B::kRowsPerChunk) {  // one chunk: finish in vector registers, nothing to fold
+  if (n <= B::kRowsPerChunk) {  // one chunk: finish in vector registers (compute type), nothing to fold
     block_chunk_sums<T, NV>(x, 0, n, inner, width, ahead, end, rms, center, sq, lin);
     const V inv_n = V(C(1.0 / double(n))), eps_v = V(C(eps)), zero = V(C(0));
     for (int q = 0; q < NV; ++q) {

@@ -48,38 +48,8 @@ namespace {
 
 using namespace fastnorm_cpu;
 
-// Output of one step at e: y = norm(x) [* w] [+ b]; count < kStep: the zero-padded first count.
-template <class TX, class TW, bool kRms, bool kW, bool kB>
-C10_ALWAYS_INLINE void write_step(const TX* x, TX* y, const TW* w, const TW* b, int64_t e, int64_t count,
-                                  const Vectorized<compute_t<TX>>& ref, const Vectorized<compute_t<TX>>& off,
-                                  const Vectorized<compute_t<TX>>& rstd) {
-  using S = Step<TX>;
-  using V = typename S::V;
-  const bool full = count == S::kStep;
-  V v[S::kParts], wv[S::kParts], bv[S::kParts];
-  if (full) load_step(x + e, v);
-  else load_step(x + e, count, v);
-  if (kW) {
-    if (full) load_params<TX>(w + e, wv);
-    else load_params<TX>(w + e, count, wv);
-  }
-  if (kB) {
-    if (full) load_params<TX>(b + e, bv);
-    else load_params<TX>(b + e, count, bv);
-  }
-  for (int q = 0; q < S::kParts; ++q) {
-    V t = kRms ? v[q] * rstd : ((v[q] - ref) - off) * rstd;
-    if (kW && kB) t = at::vec::fmadd(t, wv[q], bv[q]);
-    else if (kW) t = t * wv[q];
-    else if (kB) t = t + bv[q];
-    v[q] = t;
-  }
-  if (full) store_step(y + e, v);
-  else store_step(y + e, count, v);
-}
-
-// Output of a run of len contiguous elements of a row. The last step of a run at least a step long
-// ends at len, rewriting a few outputs with the same values instead of going through a buffer.
+// Output of a run of len contiguous elements of a row: y = norm(x) [* w] [+ b], step by step (the
+// last step of a run at least a step long ends at len, rewriting a few outputs with the same values).
 // Inlined into the row loop: as a call per row it made 100000x257 fp32 ~13% slower, all of it kernel
 // time in the page faults of the fresh output (same fault count; measured, not understood).
 template <class TX, class TW, bool kRms, bool kW, bool kB>
@@ -88,11 +58,20 @@ C10_ALWAYS_INLINE void write_run(const TX* x, TX* y, const TW* w, const TW* b, i
   using S = Step<TX>;
   using V = typename S::V;
   const V ref(k.ref), off(k.off), rstd(k.rstd);
-  int64_t e = 0;
-  for (; e + S::kStep <= len; e += S::kStep) write_step<TX, TW, kRms, kW, kB>(x, y, w, b, e, S::kStep, ref, off, rstd);
-  if (e == len) return;
-  if (len >= S::kStep) write_step<TX, TW, kRms, kW, kB>(x, y, w, b, len - S::kStep, S::kStep, ref, off, rstd);
-  else write_step<TX, TW, kRms, kW, kB>(x, y, w, b, e, len - e, ref, off, rstd);
+  for_each_step<TX>(len, [&](const StepSpan& s) {
+    V v[S::kParts], wv[S::kParts], bv[S::kParts];
+    load_span(x, s, v);
+    if (kW) load_params_span<TX>(w, s, wv);
+    if (kB) load_params_span<TX>(b, s, bv);
+    for (int q = 0; q < S::kParts; ++q) {
+      V t = kRms ? v[q] * rstd : ((v[q] - ref) - off) * rstd;
+      if (kW && kB) t = at::vec::fmadd(t, wv[q], bv[q]);
+      else if (kW) t = t * wv[q];
+      else if (kB) t = t + bv[q];
+      v[q] = t;
+    }
+    store_span(y, s, v);
+  });
 }
 
 template <class T>
@@ -130,13 +109,12 @@ void forward_rows(const NormParams& p) {
 
 // Output of one channel block: lanes [0, width) of rows j < n, with per-lane coefficients. A row
 // may be stored whole past width (lanes that belong to the next row, rewritten when that row comes)
-// while that stays below `store_end`; otherwise its tail step goes through a buffer.
+// while that stays below `store_end` (see store_block_row).
 template <class TX, class TW, bool kRms, bool kW, bool kB, int NV>
 void write_block(const TX* x, TX* y, const TW* w, const TW* b, int64_t n, int64_t inner, int64_t width,
                  int64_t ahead, const TX* load_end, const TX* store_end, const Vectorized<compute_t<TX>>* ref,
                  const Vectorized<compute_t<TX>>* off, const Vectorized<compute_t<TX>>* rstd) {
   using Bk = Block<TX, NV>;
-  using S = typename Bk::S;
   using C = typename Bk::C;
   using V = typename Bk::V;
   for (int64_t j = 0; j < n; ++j) {
@@ -152,16 +130,7 @@ void write_block(const TX* x, TX* y, const TW* w, const TW* b, int64_t n, int64_
       else if (kB) t = t + bj;
       v[q] = t;
     }
-    if (width == Bk::kLanes || yj + Bk::kLanes <= store_end) {
-      for (int64_t s = 0; s < Bk::kSteps; ++s) store_step(yj + s * S::kStep, v + s * S::kParts);
-      continue;
-    }
-    for (int64_t s = 0; s < Bk::kSteps; ++s) {
-      const int64_t count = std::min(S::kStep, width - s * S::kStep);
-      if (count <= 0) break;
-      if (count == S::kStep) store_step(yj + s * S::kStep, v + s * S::kParts);
-      else store_step(yj + s * S::kStep, count, v + s * S::kParts);
-    }
+    store_block_row<TX, NV>(yj, width, store_end, v);
   }
 }
 

@@ -107,33 +107,10 @@ using namespace fastnorm_cpu;
 // ---------------------------------------------------------------------------------------------
 // inner == 1: rows.
 
-// One step of a row at pos: kStep elements, of which the first `count` exist (count < kStep: a short
-// row, zero-padded) and lanes [first, last) are new (first > 0: the last step of a row, shifted back
-// to end at the row's end, whose leading lanes an earlier step covered).
-struct StepSpan {
-  int64_t pos, count, first, last;
-};
-
-template <class T, class F>
-C10_ALWAYS_INLINE void for_each_step(int64_t len, F&& f) {
-  constexpr int64_t kStep = Step<T>::kStep;
-  int64_t e = 0;
-  for (; e + kStep <= len; e += kStep) f(StepSpan{e, kStep, 0, kStep});
-  if (e == len) return;
-  if (len >= kStep) f(StepSpan{len - kStep, kStep, kStep - (len - e), kStep});
-  else f(StepSpan{e, len - e, 0, len - e});
-}
-
 // Zeroes the lanes of a step that are not new (see StepSpan).
 template <class T>
 C10_ALWAYS_INLINE void keep_new(const StepSpan& s, Vectorized<compute_t<T>>* v) {
   if (s.first != 0 || s.last != Step<T>::kStep) keep_lanes<T>(v, s.first, s.last);
-}
-
-template <class T>
-C10_ALWAYS_INLINE void load_span(const T* p, const StepSpan& s, Vectorized<compute_t<T>>* v) {
-  if (s.count == Step<T>::kStep) load_step(p + s.pos, v);
-  else load_step(p + s.pos, s.count, v);
 }
 
 // g = dy [* w] and xhat at one step.
@@ -147,10 +124,7 @@ C10_ALWAYS_INLINE void grad_and_xhat(const TX* x, const TX* dy, const TW* w, con
   load_span(x, s, xhat);
   load_span(dy, s, dyv);
   V wv[S::kParts];
-  if (kW) {
-    if (s.count == S::kStep) load_params<TX>(w + s.pos, wv);
-    else load_params<TX>(w + s.pos, s.count, wv);
-  }
+  if (kW) load_params_span<TX>(w, s, wv);
   for (int q = 0; q < S::kParts; ++q) {
     xhat[q] = ((xhat[q] - ref) - off) * rstd;
     g[q] = kW ? dyv[q] * wv[q] : dyv[q];
@@ -197,8 +171,7 @@ C10_ALWAYS_INLINE void row_backward(const TX* x, const TX* dy, const TW* w, TX* 
     if (dx) {
       V d[S::kParts];
       for (int q = 0; q < S::kParts; ++q) d[q] = rstd * ((g[q] - a) - xhat[q] * c);
-      if (s.count == S::kStep) store_step(dx + s.pos, d);
-      else store_step(dx + s.pos, s.count, d);
+      store_span(dx, s, d);
     }
     if (acc_w || acc_b) {
       keep_new<TX>(s, dyv);
@@ -340,15 +313,7 @@ void block_backward(const NormBackwardParams& p, int64_t o, int64_t i0, int64_t 
     if (dx) {
       TX* dxj = dx + j * inner;
       for (int q = 0; q < NV; ++q) g[q] = rstd[q] * ((g[q] - a[q]) - xhat[q] * c[q]);
-      if (width == Bk::kLanes || dxj + Bk::kLanes <= store_end) {
-        for (int64_t s = 0; s < Bk::kSteps; ++s) store_step(dxj + s * S::kStep, g + s * S::kParts);
-      } else {
-        for (int64_t s = 0; s < Bk::kSteps && s * S::kStep < width; ++s) {
-          const int64_t count = std::min(S::kStep, width - s * S::kStep);
-          if (count == S::kStep) store_step(dxj + s * S::kStep, g + s * S::kParts);
-          else store_step(dxj + s * S::kStep, count, g + s * S::kParts);
-        }
-      }
+      store_block_row<TX, NV>(dxj, width, store_end, g);
     }
     if (part_w || part_b) {
       V tw = zero, tb = zero;
