@@ -34,7 +34,7 @@ def _glob(table: dict, device_type: str) -> list:
     return sorted({path for pattern in table[device_type] for path in KERNELS_DIR.glob(pattern)})
 
 
-_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+_LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)".*$', re.M)  # a trailing comment may follow
 _PRAGMA_ONCE = re.compile(r'^\s*#\s*pragma\s+once\s*$', re.M)  # meaningless (and warned about) once inlined
 
 

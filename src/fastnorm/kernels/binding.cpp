@@ -275,6 +275,7 @@ std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x,
   p.n = c.n;
   p.inner = c.inner;
   p.x_outer_stride = outer_stride;
+  p.dy_outer_stride = c.n * c.inner;
   p.dtype = c.code;
   p.wdtype = c.has_params ? dtype_code(c.wtype) : FN_NONE;
   p.rms = rms ? 1 : 0;

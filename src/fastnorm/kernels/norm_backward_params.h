@@ -3,10 +3,14 @@
 //
 // Given x and the gradient dy of y = norm(x) [* w + b], the kernels write dx and, when asked,
 // dweight / dbias. The row statistics (mean, rstd) are recomputed from x during the backward's own
-// first read of it: no extra pass over memory, nothing saved by the forward but x.
-// x is at x[o * x_outer_stride + j * inner + i]; dy and dx are contiguous (outer, n, inner).
+// first read of it: no extra pass over memory, nothing saved by the forward but x. (The CPU kernels
+// also take saved statistics; the ops do not save any.)
+// x is at x[o * x_outer_stride + j * inner + i], dy at dy[o * dy_outer_stride + j * inner + i] (the
+// CUDA kernels take dy_outer_stride == n * inner: the binding passes a contiguous dy); dx is contiguous.
 #pragma once
 #include <stdint.h>
+
+#include "norm_params.h"  // FastnormDtype
 
 struct NormBackwardParams {
   const void* x;
@@ -17,10 +21,15 @@ struct NormBackwardParams {
                        // gets from later layers (contiguous, x's dtype)
   void* dweight;       // n elements of the weight dtype, or null when not wanted
   void* dbias;         // n elements of the weight dtype, or null (always null for RMSNorm)
+  // Saved statistics, one per (o, i) at index o * inner + i, float32 (float64 for float64 x), CPU
+  // only; both null: recomputed (the ops always pass null). RMSNorm reads rstd only.
+  const void* mean;
+  const void* rstd;
   int64_t outer;
   int64_t n;
   int64_t inner;
   int64_t x_outer_stride;
+  int64_t dy_outer_stride;
   int dtype;   // FastnormDtype of x, dy and dx
   int wdtype;  // FastnormDtype of weight, dweight and dbias (FN_NONE when none of them is given)
   int rms;

@@ -1,129 +1,425 @@
-// CPU backward of LayerNorm / RMSNorm over (outer, n, inner) views (see norm_backward_params.h), in
-// double precision, threaded with at::parallel_for.
+// CPU LayerNorm / RMSNorm backward over the (outer, n, inner) view of norm_backward_params.h: dx, and
+// dweight / dbias summed deterministically. Built like the forward (cpu_vec.h): at::vec vectors,
+// at::parallel_for, fp32 sums (double for float64); statistics recomputed here are the forward's,
+// bit for bit.
 //
-// Each (outer, inner) column's statistics are recomputed (two passes), then dx in a third pass; the
-// columns are cut into a fixed number of chunks, each summing dweight / dbias into its own partial
-// row, and the partials are added in chunk order: the same result for any thread count.
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
-#include <algorithm>
-#include <cmath>
-#include <vector>
-
+// dweight / dbias: the tasks (rows; or (outer index, block of inner positions) on the channel axis)
+// are cut into at most kMaxGroups groups of consecutive tasks, from the shape alone. A group sums its
+// tasks in order into its own double partial (rows through fp32 accumulators flushed every
+// kFlushRows rows), and the partials are added in group order: the same bits for every thread count.
 #include "norm_backward_params.h"
-#include "norm_params.h"
+#include "cpu_vec.h"
 
 namespace {
 
-template <typename T>
-inline double widen_cpu(T v) { return static_cast<double>(static_cast<float>(v)); }
-template <>
-inline double widen_cpu<double>(double v) { return v; }
+constexpr int64_t kMaxGroups = 64;
+constexpr int64_t kMinTasksPerGroup = 8;  // a partial (n doubles) per task would cost more than the task
+constexpr int64_t kFlushRows = 32;
 
-template <typename T>
-inline T narrow_cpu(double v) { return static_cast<T>(static_cast<float>(v)); }
-template <>
-inline double narrow_cpu<double>(double v) { return v; }
+struct Groups {
+  int64_t count, per;  // `count` groups of `per` consecutive tasks (the last may hold fewer)
+};
 
-// Chunks of columns, each with its own dweight / dbias partial: enough to keep every thread busy, few
-// enough that the partials stay small next to the tensor (at most ~64 MB of them).
-int64_t column_chunks(int64_t columns, int64_t n) {
-  const int64_t cap = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(1, 16 * n));
-  return std::max<int64_t>(1, std::min<int64_t>({columns, int64_t(64), cap}));
+Groups split_groups(int64_t tasks) {
+  const int64_t per = std::max(fastnorm_cpu::ceil_div(tasks, kMaxGroups), kMinTasksPerGroup);
+  return {fastnorm_cpu::ceil_div(tasks, per), per};
 }
 
-template <typename T, typename W>
-void backward_columns(const NormBackwardParams& p) {
-  const T* x = static_cast<const T*>(p.x);
-  const T* dy = static_cast<const T*>(p.dy);
-  const W* w = static_cast<const W*>(p.weight);
-  T* dx = static_cast<T*>(p.dx);
-  const int64_t n = p.n, inner = p.inner, columns = p.outer * inner;
-  const bool rms = p.rms != 0;
-  const bool want_dw = p.dweight != nullptr, want_db = p.dbias != nullptr;
-  const int64_t chunks = column_chunks(columns, n), per_chunk = (columns + chunks - 1) / chunks;
-  std::vector<double> dw_part(want_dw ? static_cast<size_t>(chunks * n) : 0);
-  std::vector<double> db_part(want_db ? static_cast<size_t>(chunks * n) : 0);
-  const double inv_n = 1.0 / double(n);
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<double> xs(static_cast<size_t>(n)), gs(static_cast<size_t>(n));
-    for (int64_t chunk = c0; chunk < c1; ++chunk) {
-      double* dwp = want_dw ? dw_part.data() + chunk * n : nullptr;
-      double* dbp = want_db ? db_part.data() + chunk * n : nullptr;
-      const int64_t q1 = std::min(columns, (chunk + 1) * per_chunk);
-      for (int64_t q = chunk * per_chunk; q < q1; ++q) {
-        const int64_t o = q / inner, i = q % inner;
-        const T* xc = x + o * p.x_outer_stride + i;
-        const T* gc = dy + o * n * inner + i;
-        double mean = 0.0;
-        for (int64_t j = 0; j < n; ++j) {
-          xs[j] = widen_cpu(xc[j * inner]);
-          gs[j] = widen_cpu(gc[j * inner]);
-          mean += xs[j];
-        }
-        mean = rms ? 0.0 : mean * inv_n;
-        double m2 = 0.0;
-        for (int64_t j = 0; j < n; ++j) m2 += (xs[j] - mean) * (xs[j] - mean);
-        const double rstd = 1.0 / std::sqrt(m2 * inv_n + p.eps);
-        double sum_g = 0.0, sum_gx = 0.0;
-        for (int64_t j = 0; j < n; ++j) {
-          const double xhat = (xs[j] - mean) * rstd, g = w ? gs[j] * widen_cpu(w[j]) : gs[j];
-          sum_g += g;
-          sum_gx += g * xhat;
-          if (dwp) dwp[j] += gs[j] * xhat;
-          if (dbp) dbp[j] += gs[j];
-        }
-        if (dx == nullptr) continue;
-        const double c1 = rms ? 0.0 : sum_g * inv_n, c2 = sum_gx * inv_n;
-        T* dxc = dx + o * n * inner + i;
-        for (int64_t j = 0; j < n; ++j) {
-          const double xhat = (xs[j] - mean) * rstd, g = w ? gs[j] * widen_cpu(w[j]) : gs[j];
-          dxc[j * inner] = narrow_cpu<T>(rstd * (g - c1 - xhat * c2));
-        }
+int64_t param_sums(const NormBackwardParams& p) { return (p.dweight ? 1 : 0) + (p.dbias ? 1 : 0); }
+
+// Doubles of scratch for the partial sums: n per wanted sum per group (tasks <= outer * inner).
+int64_t workspace_doubles(const NormBackwardParams& p) {
+  if (p.outer <= 0 || p.n <= 0 || p.inner <= 0) return 0;
+  const int64_t groups = std::min(kMaxGroups, fastnorm_cpu::ceil_div(p.outer * p.inner, kMinTasksPerGroup));
+  return groups * p.n * param_sums(p);  // >= split_groups(tasks).count for any tasks <= outer * inner
+}
+
+// dweight / dbias from the group partials (each `sums` arrays of n doubles, group after group).
+template <class TW>
+void finish_params(const NormBackwardParams& p, const double* partials, int64_t groups) {
+  const int64_t n = p.n, sums = param_sums(p);
+  TW* outs[2] = {static_cast<TW*>(p.dweight), static_cast<TW*>(p.dbias)};
+  at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
+    int64_t slot = 0;
+    for (TW* out : outs) {
+      if (!out) continue;
+      for (int64_t j = begin; j < end; ++j) {
+        double total = 0.0;
+        for (int64_t g = 0; g < groups; ++g) total += partials[(g * sums + slot) * n + j];
+        out[j] = static_cast<TW>(total);
       }
+      ++slot;
     }
   });
-  for (int which = 0; which < 2; ++which) {
-    const std::vector<double>& part = which == 0 ? dw_part : db_part;
-    W* out = static_cast<W*>(which == 0 ? p.dweight : p.dbias);
-    if (out == nullptr) continue;
-    at::parallel_for(0, n, 1024, [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) {
-        double s = 0.0;
-        for (int64_t chunk = 0; chunk < chunks; ++chunk) s += part[size_t(chunk * n + j)];
-        out[j] = narrow_cpu<W>(s);
-      }
-    });
-  }
 }
 
-template <typename T>
-const char* backward_weight(const NormBackwardParams& p) {
-  if (p.wdtype == FN_NONE || p.wdtype == p.dtype) {
-    backward_columns<T, T>(p);
-    return nullptr;
+// ---------------------------------------------------------------------------------------------
+// Portable scalar kernels (baseline instruction set): double arithmetic, one column at a time.
+
+template <class TX, class TW>
+void backward_scalar(const NormBackwardParams& p, double* partials) {
+  using C = fastnorm_cpu::compute_t<TX>;
+  const TX* x = static_cast<const TX*>(p.x);
+  const TX* dy = static_cast<const TX*>(p.dy);
+  const TW* w = static_cast<const TW*>(p.weight);
+  TX* dx = static_cast<TX*>(p.dx);
+  const C* saved_mean = static_cast<const C*>(p.mean);
+  const C* saved_rstd = static_cast<const C*>(p.rstd);
+  const int64_t n = p.n, inner = p.inner, sums = param_sums(p);
+  double* part_w = p.dweight ? partials : nullptr;
+  double* part_b = p.dbias ? partials + (p.dweight ? n : 0) : nullptr;
+  for (int64_t k = 0; k < sums * n; ++k) partials[k] = 0.0;
+  for (int64_t o = 0; o < p.outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const TX* xc = x + o * p.x_outer_stride + i;
+      const TX* dyc = dy + o * p.dy_outer_stride + i;
+      fastnorm_cpu::ScalarStats st{0.0, 0.0, 0.0};
+      if (saved_rstd) st = {p.rms ? 0.0 : double(saved_mean[o * inner + i]), 0.0, double(saved_rstd[o * inner + i])};
+      else st = fastnorm_cpu::scalar_stats(xc, n, inner, p.rms != 0, p.eps);
+      auto xhat = [&](int64_t j) { return ((static_cast<double>(xc[j * inner]) - st.ref) - st.off) * st.rstd; };
+      auto grad = [&](int64_t j) {
+        const double g = static_cast<double>(dyc[j * inner]);
+        return w ? g * static_cast<double>(w[j]) : g;
+      };
+      double sg = 0.0, sgx = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        sg += grad(j);
+        sgx += grad(j) * xhat(j);
+      }
+      const double a = p.rms ? 0.0 : sg / double(n), c = sgx / double(n);
+      for (int64_t j = 0; j < n; ++j) {
+        if (dx) dx[(o * n + j) * inner + i] = static_cast<TX>(st.rstd * ((grad(j) - a) - xhat(j) * c));
+        if (part_w) part_w[j] += static_cast<double>(dyc[j * inner]) * xhat(j);
+        if (part_b) part_b[j] += static_cast<double>(dyc[j * inner]);
+      }
+    }
   }
-  if (p.wdtype == FN_F32) {
-    backward_columns<T, float>(p);
-    return nullptr;
-  }
-  return "weight dtype must match the input or be float32";
+  finish_params<TW>(p, partials, 1);
 }
 
 }  // namespace
 
-const char* fastnorm_cpu_backward(const NormBackwardParams& p) {
-  if (p.outer == 0 || p.n == 0 || p.inner == 0) return nullptr;
-  switch (p.dtype) {
-    case FN_F32: return backward_weight<float>(p);
-    case FN_F16: return backward_weight<c10::Half>(p);
-    case FN_BF16: return backward_weight<c10::BFloat16>(p);
-    case FN_F64:
-      if (p.wdtype != FN_NONE && p.wdtype != FN_F64) return "float64 input needs float64 weight";
-      backward_columns<double, double>(p);
-      return nullptr;
-    default: return "unsupported dtype";
+FASTNORM_SIMD_BEGIN
+namespace {
+
+using namespace fastnorm_cpu;
+
+// ---------------------------------------------------------------------------------------------
+// inner == 1: rows.
+
+// Zeroes the lanes of a step that are not new (see StepSpan).
+template <class T>
+C10_ALWAYS_INLINE void keep_new(const StepSpan& s, Vectorized<compute_t<T>>* v) {
+  if (s.first != 0 || s.last != Step<T>::kStep) keep_lanes<T>(v, s.first, s.last);
+}
+
+// g = dy [* w] and xhat at one step.
+template <class TX, class TW, bool kW>
+C10_ALWAYS_INLINE void grad_and_xhat(const TX* x, const TX* dy, const TW* w, const StepSpan& s,
+                                     const NormCoeffs<compute_t<TX>>& k, Vectorized<compute_t<TX>>* g,
+                                     Vectorized<compute_t<TX>>* xhat, Vectorized<compute_t<TX>>* dyv) {
+  using S = Step<TX>;
+  using V = typename S::V;
+  const V ref(k.ref), off(k.off), rstd(k.rstd);
+  load_span(x, s, xhat);
+  load_span(dy, s, dyv);
+  V wv[S::kParts];
+  if (kW) load_params_span<TX>(w, s, wv);
+  for (int q = 0; q < S::kParts; ++q) {
+    xhat[q] = ((xhat[q] - ref) - off) * rstd;
+    g[q] = kW ? dyv[q] * wv[q] : dyv[q];
   }
+}
+
+// dx of one row, and its dy * xhat, dy added into the fp32 accumulators acc_w / acc_b (n + kStep
+// elements each, or null).
+// Inlined into the row loop for the reason write_run is (norm_cpu.cpp).
+template <class TX, class TW, bool kRms, bool kW>
+C10_ALWAYS_INLINE void row_backward(const TX* x, const TX* dy, const TW* w, TX* dx, int64_t n, const NormCoeffs<compute_t<TX>>& k,
+                  compute_t<TX>* acc_w, compute_t<TX>* acc_b) {
+  using S = Step<TX>;
+  using C = typename S::C;
+  using V = typename S::V;
+  // Sums of g and g * xhat over the row: fp32 vectors per chunk, chunks added in double.
+  double sum_g = 0.0, sum_gx = 0.0;
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t len = std::min(kChunk, n - c0);
+    V sg[S::kParts], sgx[S::kParts];
+    for (int q = 0; q < S::kParts; ++q) sg[q] = sgx[q] = V(0);
+    for_each_step<TX>(len, [&](const StepSpan& s) {
+      V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
+      grad_and_xhat<TX, TW, kW>(x + c0, dy + c0, kW ? w + c0 : w, s, k, g, xhat, dyv);
+      keep_new<TX>(s, g);
+      keep_new<TX>(s, xhat);
+      for (int q = 0; q < S::kParts; ++q) {
+        sg[q] = sg[q] + g[q];
+        sgx[q] = at::vec::fmadd(g[q], xhat[q], sgx[q]);
+      }
+    });
+    V tg = sg[0], tgx = sgx[0];
+    for (int q = 1; q < S::kParts; ++q) {
+      tg = tg + sg[q];
+      tgx = tgx + sgx[q];
+    }
+    sum_g += lane_sum(tg);
+    sum_gx += lane_sum(tgx);
+  }
+  const V a(kRms ? C(0) : C(sum_g / double(n))), c(C(sum_gx / double(n))), rstd(k.rstd);
+  for_each_step<TX>(n, [&](const StepSpan& s) {
+    V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
+    grad_and_xhat<TX, TW, kW>(x, dy, w, s, k, g, xhat, dyv);
+    if (dx) {
+      V d[S::kParts];
+      for (int q = 0; q < S::kParts; ++q) d[q] = rstd * ((g[q] - a) - xhat[q] * c);
+      store_span(dx, s, d);
+    }
+    if (acc_w || acc_b) {
+      keep_new<TX>(s, dyv);
+      keep_new<TX>(s, xhat);
+      for (int q = 0; q < S::kParts; ++q) {
+        const int64_t at_q = s.pos + q * S::kWidth;
+        if (acc_w) (V::loadu(acc_w + at_q) + dyv[q] * xhat[q]).store(acc_w + at_q);
+        if (acc_b) (V::loadu(acc_b + at_q) + dyv[q]).store(acc_b + at_q);
+      }
+    }
+  });
+}
+
+template <class TX>
+NormCoeffs<compute_t<TX>> saved_coeffs(const NormBackwardParams& p, int64_t index) {
+  using C = compute_t<TX>;
+  const C ref = p.rms ? C(0) : static_cast<const C*>(p.mean)[index];
+  return {ref, C(0), static_cast<const C*>(p.rstd)[index]};
+}
+
+template <class TX, class TW, bool kRms, bool kW>
+void backward_rows(const NormBackwardParams& p, double* partials) {
+  using C = compute_t<TX>;
+  const TX* x = static_cast<const TX*>(p.x);
+  const TX* dy = static_cast<const TX*>(p.dy);
+  const TW* w = static_cast<const TW*>(p.weight);
+  TX* dx = static_cast<TX*>(p.dx);
+  const int64_t n = p.n, sums = param_sums(p);
+  const Groups groups = split_groups(p.outer);
+  at::parallel_for(0, groups.count, 1, [&](int64_t gbegin, int64_t gend) {
+    std::vector<C> acc(sums * (n + Step<TX>::kStep));
+    C* acc_w = p.dweight ? acc.data() : nullptr;
+    C* acc_b = p.dbias ? acc.data() + (p.dweight ? n + Step<TX>::kStep : 0) : nullptr;
+    for (int64_t g = gbegin; g < gend; ++g) {
+      double* part = sums ? partials + g * sums * n : nullptr;
+      if (part) std::fill(part, part + sums * n, 0.0);
+      const int64_t r0 = g * groups.per, r1 = std::min(p.outer, r0 + groups.per);
+      for (int64_t r = r0; r < r1; ++r) {
+        const TX* xr = x + r * p.x_outer_stride;
+        const auto k = p.rstd ? saved_coeffs<TX>(p, r) : row_coeffs(xr, n, kRms, p.eps);
+        row_backward<TX, TW, kRms, kW>(xr, dy + r * p.dy_outer_stride, w, dx ? dx + r * n : nullptr, n, k,
+                                       acc_w, acc_b);
+        if (part && ((r - r0 + 1) % kFlushRows == 0 || r + 1 == r1)) {  // fp32 -> the group's double partial
+          for (int64_t s = 0; s < sums; ++s) {
+            C* a = acc.data() + s * (n + Step<TX>::kStep);
+            for (int64_t j = 0; j < n; ++j) part[s * n + j] += double(a[j]);
+            std::fill(a, a + n, C(0));
+          }
+        }
+      }
+    }
+  });
+  if (sums) finish_params<TW>(p, partials, groups.count);
+}
+
+// ---------------------------------------------------------------------------------------------
+// inner > 1: blocks of lanes along inner, as in the forward.
+
+template <class TX, class TW, bool kRms, bool kW, int NV>
+void block_backward(const NormBackwardParams& p, int64_t o, int64_t i0, int64_t width, const TX* x_end,
+                    const TX* dy_end, double* part_w, double* part_b) {
+  using Bk = Block<TX, NV>;
+  using S = typename Bk::S;
+  using C = typename Bk::C;
+  using V = typename Bk::V;
+  constexpr int64_t W = S::kWidth;
+  const int64_t n = p.n, inner = p.inner;
+  const TX* x = static_cast<const TX*>(p.x) + o * p.x_outer_stride + i0;
+  const TX* dy = static_cast<const TX*>(p.dy) + o * p.dy_outer_stride + i0;
+  const TW* w = static_cast<const TW*>(p.weight);
+  TX* dx = p.dx ? static_cast<TX*>(p.dx) + o * n * inner + i0 : nullptr;
+  V ref[NV], off[NV], rstd[NV];
+  if (p.rstd) {
+    C r_l[Bk::kLanes] = {}, o_l[Bk::kLanes] = {}, s_l[Bk::kLanes] = {};
+    for (int64_t l = 0; l < width; ++l) {
+      const auto k = saved_coeffs<TX>(p, o * inner + i0 + l);
+      r_l[l] = k.ref;
+      s_l[l] = k.rstd;
+    }
+    for (int q = 0; q < NV; ++q) {
+      ref[q] = V::loadu(r_l + q * W);
+      off[q] = V::loadu(o_l + q * W);
+      rstd[q] = V::loadu(s_l + q * W);
+    }
+  } else {
+    block_coeffs<TX, NV>(x, n, inner, width, std::min(Bk::kLanes, inner - i0 - width), x_end, kRms, p.eps, ref,
+                         off, rstd);
+  }
+  auto row = [&](int64_t j, V* g, V* xhat, V* dyv) {
+    load_block_row<TX, NV>(x + j * inner, width, x_end, xhat);
+    load_block_row<TX, NV>(dy + j * inner, width, dy_end, dyv);
+    const V wj(kW ? static_cast<C>(w[j]) : C(1));
+    for (int q = 0; q < NV; ++q) {
+      xhat[q] = ((xhat[q] - ref[q]) - off[q]) * rstd[q];
+      g[q] = kW ? dyv[q] * wj : dyv[q];
+    }
+  };
+  // Per-lane sums of g and g * xhat over j: fp32 vectors per chunk of rows, chunks added in double.
+  V a[NV], c[NV];
+  {
+    double tg[Bk::kLanes] = {}, tgx[Bk::kLanes] = {};
+    V sg[NV], sgx[NV];
+    for (int64_t j0 = 0; j0 < n; j0 += Bk::kRowsPerChunk) {
+      for (int q = 0; q < NV; ++q) sg[q] = sgx[q] = V(0);
+      for (int64_t j = j0, j1 = std::min(n, j0 + Bk::kRowsPerChunk); j < j1; ++j) {
+        V g[NV], xhat[NV], dyv[NV];
+        row(j, g, xhat, dyv);
+        for (int q = 0; q < NV; ++q) {
+          sg[q] = sg[q] + g[q];
+          sgx[q] = at::vec::fmadd(g[q], xhat[q], sgx[q]);
+        }
+      }
+      C lg[Bk::kLanes], lgx[Bk::kLanes];
+      for (int q = 0; q < NV; ++q) {
+        sg[q].store(lg + q * W);
+        sgx[q].store(lgx + q * W);
+      }
+      for (int64_t l = 0; l < Bk::kLanes; ++l) {
+        tg[l] += double(lg[l]);
+        tgx[l] += double(lgx[l]);
+      }
+    }
+    C la[Bk::kLanes], lc[Bk::kLanes];
+    for (int64_t l = 0; l < Bk::kLanes; ++l) {
+      la[l] = kRms ? C(0) : C(tg[l] / double(n));
+      lc[l] = C(tgx[l] / double(n));
+    }
+    for (int q = 0; q < NV; ++q) {
+      a[q] = V::loadu(la + q * W);
+      c[q] = V::loadu(lc + q * W);
+    }
+  }
+  // One block per slab: a row's dx may be stored whole past width, as in the forward's write_block.
+  const TX* store_end = dx && width == inner ? static_cast<TX*>(p.dx) + (o + 1) * n * inner : dx;
+  const V zero(C(0));
+  for (int64_t j = 0; j < n; ++j) {
+    V g[NV], xhat[NV], dyv[NV];
+    row(j, g, xhat, dyv);
+    if (dx) {
+      TX* dxj = dx + j * inner;
+      for (int q = 0; q < NV; ++q) g[q] = rstd[q] * ((g[q] - a[q]) - xhat[q] * c[q]);
+      store_block_row<TX, NV>(dxj, width, store_end, g);
+    }
+    if (part_w || part_b) {
+      V tw = zero, tb = zero;
+      for (int q = 0; q < NV && q * W < width; ++q) {
+        V d = dyv[q], dxh = dyv[q] * xhat[q];
+        if (width - q * W < W) {  // lanes past width hold other elements
+          d = V::set(zero, d, width - q * W);
+          dxh = V::set(zero, dxh, width - q * W);
+        }
+        tw = tw + dxh;
+        tb = tb + d;
+      }
+      if (part_w) part_w[j] += lane_sum(tw);
+      if (part_b) part_b[j] += lane_sum(tb);
+    }
+  }
+}
+
+template <class TX, class TW, bool kRms, bool kW, int NV>
+void backward_channel_blocks(const NormBackwardParams& p, double* partials) {
+  using Bk = Block<TX, NV>;
+  const int64_t n = p.n, inner = p.inner, sums = param_sums(p);
+  const int64_t blocks = ceil_div(inner, Bk::kLanes);
+  const TX* x_end = static_cast<const TX*>(p.x) + (p.outer - 1) * p.x_outer_stride + n * inner;
+  const TX* dy_end = static_cast<const TX*>(p.dy) + (p.outer - 1) * p.dy_outer_stride + n * inner;
+  const Groups groups = split_groups(p.outer * blocks);
+  at::parallel_for(0, groups.count, 1, [&](int64_t gbegin, int64_t gend) {
+    for (int64_t g = gbegin; g < gend; ++g) {
+      double* part = sums ? partials + g * sums * n : nullptr;
+      if (part) std::fill(part, part + sums * n, 0.0);
+      double* part_w = p.dweight ? part : nullptr;
+      double* part_b = p.dbias ? part + (p.dweight ? n : 0) : nullptr;
+      for (int64_t t = g * groups.per, t1 = std::min(p.outer * blocks, t + groups.per); t < t1; ++t) {
+        const int64_t o = t / blocks, i0 = (t % blocks) * Bk::kLanes;
+        block_backward<TX, TW, kRms, kW, NV>(p, o, i0, std::min(Bk::kLanes, inner - i0), x_end, dy_end, part_w,
+                                             part_b);
+      }
+    }
+  });
+  if (sums) finish_params<TW>(p, partials, groups.count);
+}
+
+template <class TX, class TW, bool kRms, bool kW>
+void backward_channels(const NormBackwardParams& p, double* partials) {
+  constexpr int64_t W = Step<TX>::kWidth;
+  if constexpr (Step<TX>::kParts == 1) {
+    if (p.inner <= W) return backward_channel_blocks<TX, TW, kRms, kW, 1>(p, partials);
+  }
+  if (p.inner <= 2 * W) backward_channel_blocks<TX, TW, kRms, kW, 2>(p, partials);
+  else if (p.inner <= 4 * W || p.inner > 8 * W) backward_channel_blocks<TX, TW, kRms, kW, 4>(p, partials);
+  else backward_channel_blocks<TX, TW, kRms, kW, 8>(p, partials);
+}
+
+template <class TX, class TW, bool kRms, bool kW>
+void backward_layout(const NormBackwardParams& p, double* partials) {
+  if (p.inner == 1) backward_rows<TX, TW, kRms, kW>(p, partials);
+  else backward_channels<TX, TW, kRms, kW>(p, partials);
+}
+
+const char* backward_simd(const NormBackwardParams& p, double* partials) {
+  return dispatch_dtypes(p.dtype, p.wdtype, p.weight || p.dweight || p.dbias, [&](auto tx, auto tw) {
+    using TX = typename decltype(tx)::type;
+    using TW = typename decltype(tw)::type;
+    if (p.rms) {
+      if (p.weight) backward_layout<TX, TW, true, true>(p, partials);
+      else backward_layout<TX, TW, true, false>(p, partials);
+    } else {
+      if (p.weight) backward_layout<TX, TW, false, true>(p, partials);
+      else backward_layout<TX, TW, false, false>(p, partials);
+    }
+  });
+}
+
+}  // namespace
+FASTNORM_SIMD_END
+
+int64_t fastnorm_cpu_backward_workspace_bytes(const NormBackwardParams& p) {
+  return workspace_doubles(p) * int64_t(sizeof(double));
+}
+
+const char* fastnorm_cpu_backward(const NormBackwardParams& p) {
+  if (p.outer < 0 || p.n < 0 || p.inner < 0) return "fastnorm_cpu_backward: negative size";
+  if (p.rms && p.dbias) return "fastnorm_cpu_backward: RMSNorm has no bias";
+  if ((p.dweight || p.dbias) && p.wdtype == FN_NONE) return "fastnorm_cpu_backward: dweight/dbias need wdtype";
+  if (!p.rms && (p.mean == nullptr) != (p.rstd == nullptr))
+    return "fastnorm_cpu_backward: LayerNorm needs both saved mean and rstd, or neither";
+  if (p.n == 0) return nullptr;  // dx, dweight and dbias are all empty
+  if (p.outer == 0 || p.inner == 0) {  // no elements: dweight / dbias are sums over nothing
+    if (!p.dweight && !p.dbias) return nullptr;
+    return fastnorm_cpu::dispatch_dtypes(p.dtype, p.wdtype, true, [&](auto, auto tw) {
+      using TW = typename decltype(tw)::type;
+      for (void* out : {p.dweight, p.dbias})
+        if (out) std::fill(static_cast<TW*>(out), static_cast<TW*>(out) + p.n, TW(0));
+    });
+  }
+  if (!p.x || !p.dy) return "fastnorm_cpu_backward: null x or dy";
+  const int64_t doubles = workspace_doubles(p);
+  std::vector<double> own;
+  double* partials = static_cast<double*>(p.workspace);
+  if (doubles > 0 && (!partials || p.workspace_bytes < doubles * int64_t(sizeof(double)))) {
+    if (partials) return "fastnorm_cpu_backward: workspace smaller than fastnorm_cpu_backward_workspace_bytes";
+    own.resize(doubles);
+    partials = own.data();
+  }
+  if (fastnorm_cpu::simd_available()) return backward_simd(p, partials);
+  return fastnorm_cpu::dispatch_dtypes(p.dtype, p.wdtype, p.weight || p.dweight || p.dbias, [&](auto tx, auto tw) {
+    backward_scalar<typename decltype(tx)::type, typename decltype(tw)::type>(p, partials);
+  });
 }
