@@ -132,7 +132,8 @@ def main():
         ours, eager, ratio = (statistics.median(r[i] for r in runs) for i in range(3))
         print(f"{row:<14} {label:<4} {dname:<5} {t:>3} {ours * 1e6:>12.1f} {eager * 1e6:>10.1f} {ratio:>8.2f} "
               f"{min(r[2] for r in runs):>7.2f}")
-    print(f"worst x eager (median over rounds): {min(statistics.median(r[2] for r in runs) for runs in results.values()):.2f}")
+    worst = min(statistics.median(r[2] for r in runs) for runs in results.values())
+    print(f"worst x eager (median over rounds): {worst:.2f}")
 
 
 if __name__ == "__main__":

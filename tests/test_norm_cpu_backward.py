@@ -3,7 +3,9 @@ norms, through a test-only binding (cpu_backward_ext.cpp): the package does not 
 import hashlib
 import math
 import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,7 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def ext():
+def build_ext():
     """The test binding, built once per source version (cached like the package's own extension)."""
     from torch.utils import cpp_extension
 
@@ -35,6 +36,11 @@ def ext():
     return cpp_extension.load(name=name, sources=[str(s) for s in sources], extra_cflags=["-O3"] + openmp,
                               extra_ldflags=openmp, extra_include_paths=[str(kernels.KERNELS_DIR)],
                               build_directory=None if build_dir is None else str(build_dir))
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return build_ext()
 
 
 CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}  # FastnormDtype
@@ -231,3 +237,29 @@ def test_bad_calls_get_clear_errors(ext):
         run_backward(ext, x, x, torch.randn(8, dtype=torch.float16), False, False, (1, 2))
     with pytest.raises(RuntimeError, match="workspace smaller"):
         run_backward(ext, x, x, None, True, False, (1, 2), workspace_bytes=8)
+
+
+def test_scalar_kernels_without_simd(ext):
+    """FASTNORM_CPU_SIMD=0 runs the portable scalar backward (what a CPU without AVX2 gets)."""
+    script = textwrap.dedent("""
+        import torch
+        from conftest import assert_matches_reference
+        from test_norm_cpu_backward import build_ext, reference_grads, run_backward
+        ext = build_ext()
+        torch.manual_seed(0)
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            for shape, rms in (((6, 37), False), ((2, 5, 9), True)):
+                x = (torch.randn(shape, dtype=torch.float64) + 3).to(dtype)
+                dy = torch.randn(shape, dtype=torch.float64).to(dtype)
+                w = torch.randn(shape[1], dtype=dtype)
+                got = run_backward(ext, x, dy, w, not rms, rms, (1, 2))
+                want = reference_grads(x, dy, w, None if rms else torch.zeros_like(w), rms, (1, 2))
+                for g, r in zip(got, want):
+                    if r is not None:
+                        assert_matches_reference(g, r, g.dtype)
+        print("scalar ok")
+    """)
+    env = dict(os.environ, FASTNORM_CPU_SIMD="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE)] + sys.path)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "scalar ok" in result.stdout, result.stderr[-3000:]

@@ -135,8 +135,8 @@ C10_ALWAYS_INLINE void grad_and_xhat(const TX* x, const TX* dy, const TW* w, con
 // elements each, or null).
 // Inlined into the row loop for the reason write_run is (norm_cpu.cpp).
 template <class TX, class TW, bool kRms, bool kW>
-C10_ALWAYS_INLINE void row_backward(const TX* x, const TX* dy, const TW* w, TX* dx, int64_t n, const NormCoeffs<compute_t<TX>>& k,
-                  compute_t<TX>* acc_w, compute_t<TX>* acc_b) {
+C10_ALWAYS_INLINE void row_backward(const TX* x, const TX* dy, const TW* w, TX* dx, int64_t n,
+                                    const NormCoeffs<compute_t<TX>>& k, compute_t<TX>* acc_w, compute_t<TX>* acc_b) {
   using S = Step<TX>;
   using C = typename S::C;
   using V = typename S::V;
