@@ -34,7 +34,22 @@ struct BackwardScratch {
   }
 };
 
-// Runs the call, or with `workspace_bytes` set, only says how much scratch it needs.
+// With `workspace_bytes` set, only says how much scratch the call needs; else checks the scratch,
+// runs the path (`launch`, which writes the partials) and reduces the partials into dweight / dbias.
+template <typename A, typename W, typename Launch>
+static inline const char* run_backward(const NormBackwardParams& p, const BackwardScratch<A>& s, cudaStream_t stream,
+                                       int64_t* workspace_bytes, Launch launch) {
+  if (workspace_bytes) {
+    *workspace_bytes = s.bytes;
+    return nullptr;
+  }
+  if (p.workspace_bytes < s.bytes || (s.bytes > 0 && p.workspace == nullptr)) return "backward workspace missing or too small";
+  if (const char* err = launch()) return err;
+  launch_reduce_partials<A, W>(s.dw_part, s.parts, p.n, p.dweight, stream);
+  launch_reduce_partials<A, W>(s.db_part, s.parts, p.n, p.dbias, stream);
+  return launch_result(cudaGetLastError());
+}
+
 template <typename T, typename W, int VEC>
 static inline const char* backward_rows(const NormBackwardParams& p, cudaStream_t stream, int64_t* workspace_bytes) {
   using A = typename AccOf<T>::type;
@@ -42,35 +57,18 @@ static inline const char* backward_rows(const NormBackwardParams& p, cudaStream_
   const bool fused = plan.tpr > 0;
   const BackwardScratch<A> s(p, fused ? 0 : long_backward_workspace(p, VEC),
                              fused ? plan.grid : long_backward_parts(p, VEC));
-  if (workspace_bytes) {
-    *workspace_bytes = s.bytes;
-    return nullptr;
-  }
-  if (p.workspace_bytes < s.bytes || (s.bytes > 0 && p.workspace == nullptr)) return "backward workspace missing or too small";
-  const char* err = fused ? launch_row_backward<T, W, VEC>(p, plan, s.dw_part, s.db_part, stream)
-                          : launch_long_backward<T, W, VEC>(p, s.parts, s.dw_part, s.db_part, stream);
-  if (err) return err;
-  launch_reduce_partials<A, W>(s.dw_part, s.parts, p.n, p.dweight, stream);
-  launch_reduce_partials<A, W>(s.db_part, s.parts, p.n, p.dbias, stream);
-  const cudaError_t e = cudaGetLastError();
-  return launch_result(e);
+  return run_backward<A, W>(p, s, stream, workspace_bytes, [&] {
+    return fused ? launch_row_backward<T, W, VEC>(p, plan, s.dw_part, s.db_part, stream)
+                 : launch_long_backward<T, W, VEC>(p, s.parts, s.dw_part, s.db_part, stream);
+  });
 }
 
 template <typename T, typename W, int VEC>
 static inline const char* backward_channel(const NormBackwardParams& p, cudaStream_t stream, int64_t* workspace_bytes) {
   using A = typename AccOf<T>::type;
   const BackwardScratch<A> s(p, channel_backward_workspace(p), p.outer);
-  if (workspace_bytes) {
-    *workspace_bytes = s.bytes;
-    return nullptr;
-  }
-  if (p.workspace_bytes < s.bytes || p.workspace == nullptr) return "backward workspace missing or too small";
-  const char* err = launch_channel_backward<T, W, VEC>(p, s.dw_part, s.db_part, stream);
-  if (err) return err;
-  launch_reduce_partials<A, W>(s.dw_part, s.parts, p.n, p.dweight, stream);
-  launch_reduce_partials<A, W>(s.db_part, s.parts, p.n, p.dbias, stream);
-  const cudaError_t e = cudaGetLastError();
-  return launch_result(e);
+  return run_backward<A, W>(p, s, stream, workspace_bytes,
+                            [&] { return launch_channel_backward<T, W, VEC>(p, s.dw_part, s.db_part, stream); });
 }
 
 template <typename T, typename W>

@@ -131,6 +131,22 @@ std::pair<at::Tensor, int64_t> strided_input(const at::Tensor& x, int64_t begin_
   return {x, outer_stride};
 }
 
+// The fields a forward and a backward call describe alike: x as the kernels read it, the weight, the
+// (outer, n, inner) view, dtypes, norm and eps. P is NormParams or NormBackwardParams.
+template <typename P>
+void describe_call(P& p, const NormCall& c, const at::Tensor& xc, int64_t outer_stride, double eps, bool rms) {
+  p.x = xc.data_ptr();
+  p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
+  p.outer = c.outer;
+  p.n = c.n;
+  p.inner = c.inner;
+  p.x_outer_stride = outer_stride;
+  p.dtype = c.code;
+  p.wdtype = c.has_params ? dtype_code(c.wtype) : FN_NONE;
+  p.rms = rms ? 1 : 0;
+  p.eps = eps;
+}
+
 }  // namespace
 
 at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
@@ -145,18 +161,9 @@ at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& we
   const auto [xc, outer_stride] = strided_input(x, begin_dim, c.n * c.inner);
 
   NormParams p{};
-  p.x = xc.data_ptr();
+  describe_call(p, c, xc, outer_stride, eps, rms);
   p.y = y.data_ptr();
-  p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
   p.bias = c.b.defined() ? c.b.data_ptr() : nullptr;
-  p.outer = c.outer;
-  p.n = c.n;
-  p.inner = c.inner;
-  p.x_outer_stride = outer_stride;
-  p.dtype = c.code;
-  p.wdtype = c.has_params ? dtype_code(c.wtype) : FN_NONE;
-  p.rms = rms ? 1 : 0;
-  p.eps = eps;
   p.threads = static_cast<int>(threads);
   p.blocks_per_row = static_cast<int>(blocks_per_row);
 #ifdef FASTNORM_CUDA
@@ -198,18 +205,9 @@ std::vector<at::Tensor> add_norm_forward(const at::Tensor& x, const at::Tensor& 
     const at::Tensor r = residual.to(hdtype).contiguous();
     const auto [xc, outer_stride] = strided_input(x, begin_dim, c.n);
     NormParams p{};
-    p.x = xc.data_ptr();
+    describe_call(p, c, xc, outer_stride, eps, rms);  // (inner is 1 here)
     p.y = y.data_ptr();
-    p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
     p.bias = c.b.defined() ? c.b.data_ptr() : nullptr;
-    p.outer = c.outer;
-    p.n = c.n;
-    p.inner = 1;
-    p.x_outer_stride = outer_stride;
-    p.dtype = c.code;
-    p.wdtype = c.has_params ? dtype_code(c.wtype) : FN_NONE;
-    p.rms = rms ? 1 : 0;
-    p.eps = eps;
     p.residual = r.data_ptr();
     p.h = h.data_ptr();
     p.hdtype = dtype_code(hdtype);
@@ -262,24 +260,15 @@ std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x,
   }
 
   NormBackwardParams p{};
-  p.x = xc.data_ptr();
+  describe_call(p, c, xc, outer_stride, eps, rms);
   p.dy = dyc.data_ptr();
-  p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
+  p.dy_outer_stride = c.n * c.inner;
   p.dx = need_dx ? dx.data_ptr() : nullptr;
 #ifdef FASTNORM_CUDA
   p.dx_add = add.defined() ? add.data_ptr() : nullptr;
 #endif
   p.dweight = need_dweight ? dw.data_ptr() : nullptr;
   p.dbias = need_dbias ? db.data_ptr() : nullptr;
-  p.outer = c.outer;
-  p.n = c.n;
-  p.inner = c.inner;
-  p.x_outer_stride = outer_stride;
-  p.dy_outer_stride = c.n * c.inner;
-  p.dtype = c.code;
-  p.wdtype = c.has_params ? dtype_code(c.wtype) : FN_NONE;
-  p.rms = rms ? 1 : 0;
-  p.eps = eps;
 #ifdef FASTNORM_CUDA
   at::Tensor workspace;
   const int64_t ws_bytes = fastnorm_cuda_backward_workspace_bytes(p);

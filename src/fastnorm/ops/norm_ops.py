@@ -42,6 +42,15 @@ def norm_backward_kernel(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need
     return dx, dw, db
 
 
+def norm_backward(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias, dx_add=None):
+    """The backward from an autograd function: straight to the kernels when nothing traces or records it
+    (host time is most of a small call), else through the op, which torch.compile sees."""
+    args = (dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias, dx_add)
+    if direct_call_ok(dy, x, weight, bias, dx_add):
+        return norm_backward_kernel(*args)
+    return torch.ops.fastnorm.norm_backward(*args)
+
+
 for _key in ("CPU", "CUDA"):
     _lib.impl("layer_norm", layer_norm_kernel, _key)
     _lib.impl("rms_norm", rms_norm_kernel, _key)
@@ -78,10 +87,8 @@ def _backward(ctx, grad, rms):
     x, weight, bias = ctx.saved_tensors
     need_dx, need_dw = ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[3]
     need_db = bias is not None and ctx.needs_input_grad[4]
-    # Straight to the kernels when nothing traces or records the backward (host time is most of a
-    # small call), else through the op, which torch.compile and double-backward checks see.
-    backward = norm_backward_kernel if direct_call_ok(grad, x, weight, bias) else torch.ops.fastnorm.norm_backward
-    dx, dw, db = backward(grad, x, ctx.begin_dim, ctx.end_dim, weight, bias, ctx.eps, rms, need_dx, need_dw, need_db)
+    dx, dw, db = norm_backward(grad, x, ctx.begin_dim, ctx.end_dim, weight, bias, ctx.eps, rms, need_dx, need_dw,
+                               need_db)
     return (dx if need_dx else None), (dw if need_dw else None), (db if need_db else None)
 
 

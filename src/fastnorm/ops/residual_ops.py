@@ -8,7 +8,6 @@ gradient to the norm's in the same pass (norm_backward's dx_add).
 import torch
 
 from fastnorm.ops import extension, norm_ops  # norm_ops defines the fastnorm library and norm_backward
-from fastnorm.ops.direct import direct_call_ok
 
 _lib = norm_ops._lib
 _lib.define("add_layer_norm(Tensor x, Tensor residual, int begin_dim, int end_dim, Tensor? weight, Tensor? bias, "
@@ -68,9 +67,8 @@ def _backward(ctx, dy, dh, rms):
     if dy is None:
         dy = torch.zeros_like(h)
     dy = dy.to(h.dtype)
-    backward = norm_ops.norm_backward_kernel if direct_call_ok(dy, h, weight, bias, dh) else torch.ops.fastnorm.norm_backward
-    dh_total, dw, db = backward(dy, h, ctx.begin_dim, ctx.end_dim, weight, bias, ctx.eps, rms, need_dh, need_dw,
-                                need_db, dh)
+    dh_total, dw, db = norm_ops.norm_backward(dy, h, ctx.begin_dim, ctx.end_dim, weight, bias, ctx.eps, rms,
+                                              need_dh, need_dw, need_db, dh)
     dx = dh_total.to(ctx.x_dtype) if ctx.needs_input_grad[0] else None
     dr = dh_total.to(ctx.residual_dtype) if ctx.needs_input_grad[1] else None
     return dx, dr, (dw if need_dw else None), (db if need_db else None)
