@@ -55,11 +55,26 @@ def fastnorm_grads(x, dy, begin, end, weight, bias, eps, rms):
     return x.grad, params[0].grad if params[0] is not None else None, params[1].grad if params[1] is not None else None
 
 
-def assert_close(name, got, ref, dtype):
+def dx_term_scale(x, dy, begin, end, weight, eps, rms):
+    """max of rstd * |weight * dy|: the size of the terms dx is the difference of. Rows where they
+    cancel (n = 2 in LayerNorm: y is +-1 whatever x is, so dx is an eps effect 1e-3 of the terms) are
+    held to it, since any float32 evaluation of the backward, PyTorch's included, rounds at that scale."""
+    xd = x.detach().double()
+    dims = _dims(x, begin, end)
+    if not rms:
+        xd = xd - xd.mean(dims, keepdim=True)
+    rstd = torch.rsqrt(xd.pow(2).mean(dims, keepdim=True) + eps)
+    g = dy.double()
+    if weight is not None:
+        g = g * weight.double().reshape(tuple(x.shape[begin:end]) + (1,) * (x.dim() - end))
+    return (rstd * g.abs()).max().item() if g.numel() else 0.0
+
+
+def assert_close(name, got, ref, dtype, floor=0.0):
     assert got is not None and ref is not None, f"{name}: missing gradient"
     assert got.shape == ref.shape and got.dtype == dtype, f"{name}: {got.shape} {got.dtype}"
     assert torch.isfinite(got).all(), f"{name}: non-finite values"
-    scale = ref.abs().max().item()
+    scale = max(ref.abs().max().item(), floor)
     err = (got.double() - ref).abs().max().item() / max(scale, 1e-30)
     assert err <= TOL[dtype], f"{name}: max error {err:.3g} relative to {scale:.3g} > {TOL[dtype]:g}"
 
@@ -76,7 +91,7 @@ def run_case(device, shape, begin, end, dtype, affine, rms, offset=0.0, wdtype=N
         bias = None if rms else (0.5 * torch.randn(wshape, device=device, dtype=torch.float64)).to(wdtype or dtype)
     got = fastnorm_grads(x, dy, begin, end, weight, bias, eps, rms)
     ref = reference_grads(x, dy, begin, end, weight, bias, eps, rms)
-    assert_close("dx", got[0], ref[0], dtype)
+    assert_close("dx", got[0], ref[0], dtype, dx_term_scale(x, dy, begin, end, weight, eps, rms))
     if weight is not None:
         assert_close("dweight", got[1], ref[1], weight.dtype)
     if bias is not None:
