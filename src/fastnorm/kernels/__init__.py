@@ -8,7 +8,8 @@ import re
 
 KERNELS_DIR = Path(__file__).resolve().parent
 
-_BINDING = "binding.cpp"
+# Tensor-level entry points (C++, part of single-file solutions): the LayerNorm / RMSNorm ones and the family's.
+_BINDINGS = ("binding.cpp", "family_binding.cpp")
 _MODULE = "module.cpp"  # the Python module; load_inline writes its own, so single-file solutions leave it out
 # Translation units per device type besides the binding: the CUDA forward is one unit per dtype pair
 # (forward_*.cu) plus the entry points (forward.cu), so that ninja compiles them in parallel.
@@ -20,7 +21,7 @@ DEFINES = {"cpu": [], "cuda": ["FASTNORM_CUDA"]}
 
 def sources(device_type: str) -> list:
     """Source files of the package's extension for `device_type` ("cpu" or "cuda")."""
-    return [KERNELS_DIR / _BINDING, KERNELS_DIR / _MODULE] + _glob(_UNITS, device_type)
+    return [KERNELS_DIR / b for b in _BINDINGS] + [KERNELS_DIR / _MODULE] + _glob(_UNITS, device_type)
 
 
 def headers(device_type: str) -> list:
@@ -56,10 +57,11 @@ def inline_sources(device_type: str):
 
     The C++ source holds the binding (and, for "cpu", the kernels); the CUDA source the CUDA kernels.
     """
-    binding, _module, *units = sources(device_type)
+    files = sources(device_type)
+    bindings, units = files[:len(_BINDINGS)], files[len(_BINDINGS) + 1:]
     defines = "".join(f"#define {d}\n" for d in DEFINES[device_type] + ["FASTNORM_INLINE"])
     seen = set()
-    cpp = defines + _inline_includes(binding.read_text(), seen)
+    cpp = defines + "\n".join(_inline_includes(b.read_text(), seen) for b in bindings)
     # The units become one translation unit (the CPU's together with the binding; CUDA's its own), each
     # local header inlined once, where it is first included.
     unit_seen = seen if device_type == "cpu" else set()

@@ -23,3 +23,13 @@ std::vector<at::Tensor> add_norm_forward(const at::Tensor& x, const at::Tensor& 
                                          const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
                                          int64_t begin_dim, int64_t end_dim, double eps, bool rms,
                                          bool residual_in_fp32);
+
+// The normalization family (family_binding.cpp); semantics in ops/family_ops.py and FamilyParams.
+std::vector<at::Tensor> group_norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias, int64_t groups, double eps);
+
+std::vector<at::Tensor> batch_norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mean,
+                                           const c10::optional<at::Tensor>& var, double eps);
+
+at::Tensor p_normalize(const at::Tensor& x, double p, int64_t begin_dim, int64_t end_dim, double eps, bool mean);

@@ -1,4 +1,4 @@
-// The extension's Python module: norm_forward, norm_backward, and the fast entries behind
+// The extension's Python module: norm_forward, norm_backward, the family's forwards, and the fast entries behind
 // fastnorm.layer_norm / rms_norm. Not part of single-file solutions (load_inline writes its own module).
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -125,6 +125,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_norm_forward", &add_norm_forward, "(y, h): h = x + residual, y = norm(h) over dims [begin_dim, end_dim)",
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"),
         py::arg("end_dim"), py::arg("eps"), py::arg("rms"), py::arg("residual_in_fp32"));
+  m.def("group_norm_forward", &group_norm_forward,
+        "(y, mean, var): GroupNorm of x (N, C, *) with per-channel weight / bias; mean, var (N, groups)",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("groups"), py::arg("eps"));
+  m.def("batch_norm_forward", &batch_norm_forward,
+        "(y, mean, var): BatchNorm of x (N, C, *) with the given per-channel mean / var, or the batch's",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("var"), py::arg("eps"));
+  m.def("p_normalize", &p_normalize, "x / max(norm, eps), the 1- or 2-norm over dims [begin_dim, end_dim)",
+        py::arg("x"), py::arg("p"), py::arg("begin_dim"), py::arg("end_dim"), py::arg("eps"), py::arg("mean"));
   m.def("try_layer_norm",
         [](py::handle x, py::handle shape, py::handle dim, py::handle w, py::handle b, py::handle eps) {
           return try_norm(x, shape, dim, w, b, eps, false);
