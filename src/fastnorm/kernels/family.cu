@@ -1,0 +1,30 @@
+// CUDA entry points of the normalization family (family_binding.cpp calls them): workspace size and
+// launch, dispatched on the input dtype. The kernels are in family_kernels.cuh.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "family_kernels.cuh"
+
+int64_t fastnorm_cuda_family_workspace_bytes(const FamilyParams& p) {
+  if (p.numel == 0) return 0;
+  const fastnorm::family::Plan pl = fastnorm::family::plan_of(p);
+  return p.dtype == FN_F64 ? fastnorm::family::workspace_bytes<double>(p, pl)
+                           : fastnorm::family::workspace_bytes<float>(p, pl);
+}
+
+const char* fastnorm_cuda_family(const FamilyParams& p, void* stream) {
+  using namespace fastnorm::family;
+  if (p.numel == 0) return nullptr;
+  if (!p.x || !p.y || (!p.given_stats && !p.mean) || p.row_len <= 0 || p.run_len <= 0 || p.channels <= 0 ||
+      p.groups <= 0 || p.channels % p.groups != 0 || p.numel % p.row_len != 0) {
+    return "fastnorm_cuda_family: inconsistent parameters";
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (p.dtype) {
+    case FN_F32: return run_family_stat<float>(p, s);
+    case FN_F64: return run_family_stat<double>(p, s);
+    case FN_F16: return run_family_stat<__half>(p, s);
+    case FN_BF16: return run_family_stat<__nv_bfloat16>(p, s);
+    default: return "fastnorm_cuda_family: unsupported dtype";
+  }
+}

@@ -1,0 +1,311 @@
+// CUDA kernels of the normalization family (family_params.h): statistics of sets of contiguous runs
+// (partial statistics per piece of a set, merged per set in double), per-row coefficients with the
+// affine parameters folded in, and the elementwise output y = (x - center) * scale + offset.
+//
+// Two reads of x and one write: the floor for BatchNorm and whole-tensor norms larger than the chip,
+// 2/3 of it for sets that would fit on chip (GroupNorm, rows), where fusing the statistics into the
+// output pass (as the LayerNorm kernels do) is future work.
+#pragma once
+#include "cuda_launch.cuh"
+#include "cuda_stats.cuh"
+#include "family_params.h"
+
+namespace fastnorm {
+namespace family {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+// Partial statistics of one piece: n values whose mean is shift + mean and whose squared deviations
+// from it sum to m2 (the p-norms: m2 holds the sum of |x| or x^2).
+template <typename A>
+struct Partial {
+  A n, shift, mean, m2;
+};
+
+// How the sets are cut into pieces (one block each): a long run into chunks of `chunk` elements,
+// runs of at most chunk / 2 grouped, up to `chunk` elements a piece. Pieces of a set merge in order.
+struct Plan {
+  int64_t chunk = 0, per_run = 0, runs_per_piece = 1, per_set = 0, partials = 0;
+};
+
+static inline Plan plan_of(const FamilyParams& p) {
+  Plan pl;
+  const int64_t target = int64_t(device_info().sms) * 8;  // pieces enough to fill the machine
+  int64_t chunk = p.numel / (target > 0 ? target : 1);
+  chunk = chunk < 4096 ? 4096 : chunk > 65536 ? 65536 : chunk;
+  pl.chunk = (chunk + 1023) / 1024 * 1024;
+  if (2 * p.run_len > pl.chunk) {  // pieces of one run each (a run up to `chunk` long is one piece)
+    pl.per_run = (p.run_len + pl.chunk - 1) / pl.chunk;
+    pl.per_set = p.runs * pl.per_run;
+  } else {
+    pl.runs_per_piece = pl.chunk / p.run_len > 1 ? pl.chunk / p.run_len : 1;
+    pl.per_set = (p.runs + pl.runs_per_piece - 1) / pl.runs_per_piece;
+  }
+  pl.partials = p.stats * pl.per_set;
+  return pl;
+}
+
+// Workspace: partials, then per-set mean / variance (or norm) in double, then the coefficients.
+template <typename A>
+struct Workspace {
+  Partial<A>* partials;
+  double* set_mean;
+  double* set_var;
+  A* coeffs;  // (center, scale, offset) per coefficient
+};
+
+static inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+template <typename A>
+static inline int64_t workspace_bytes(const FamilyParams& p, const Plan& pl) {
+  return align16(pl.partials * int64_t(sizeof(Partial<A>))) + 2 * align16(p.stats * 8) +
+         align16(p.coeffs * 3 * int64_t(sizeof(A)));
+}
+
+template <typename A>
+static inline Workspace<A> workspace_of(const FamilyParams& p, const Plan& pl) {
+  char* base = static_cast<char*>(p.workspace);
+  Workspace<A> ws;
+  ws.partials = reinterpret_cast<Partial<A>*>(base);
+  base += align16(pl.partials * int64_t(sizeof(Partial<A>)));
+  ws.set_mean = reinterpret_cast<double*>(base);
+  base += align16(p.stats * 8);
+  ws.set_var = reinterpret_cast<double*>(base);
+  base += align16(p.stats * 8);
+  ws.coeffs = reinterpret_cast<A*>(base);
+  return ws;
+}
+
+// One thread's sums: deviations from the piece's first value (mean / variance), or |x| / x^2.
+template <typename A, int kStat>
+struct ThreadSums {
+  A n = A(0), lin = A(0), sq = A(0);
+  __device__ __forceinline__ void add(A v, A shift) {
+    n += A(1);
+    if (kStat == FN_STAT_MEAN_VAR) {
+      const A d = v - shift;
+      lin += d;
+      sq = fma(d, d, sq);
+    } else if (kStat == FN_STAT_ABS_SUM) {
+      sq += fabs(v);
+    } else {
+      sq = fma(v, v, sq);
+    }
+  }
+  __device__ __forceinline__ Stats<A> stats() const {
+    if (kStat != FN_STAT_MEAN_VAR || n == A(0)) return {n, A(0), sq};
+    const A mean = lin / n;
+    return {n, mean, sq - lin * mean};
+  }
+};
+
+// Partial statistics of every piece: block b is piece b % per_set of set b / per_set.
+template <typename T, int kStat>
+__global__ void __launch_bounds__(kThreads) piece_stats_kernel(FamilyParams p, Plan pl,
+                                                               Partial<typename AccOf<T>::type>* out) {
+  using A = typename AccOf<T>::type;
+  constexpr int V = 16 / sizeof(T);
+  __shared__ Stats<A> smem[32];
+  const int64_t set = blockIdx.x / pl.per_set, q = blockIdx.x % pl.per_set;
+  const T* base = static_cast<const T*>(p.x) + set * p.set_stride;
+  ThreadSums<A, kStat> t;
+  A shift;
+  if (pl.per_run > 0) {  // part of one run
+    const int64_t j = q / pl.per_run, lo = (q % pl.per_run) * pl.chunk;
+    const int64_t len = min(pl.chunk, p.run_len - lo);
+    const T* src = base + j * p.run_stride + lo;
+    shift = to_acc(src[0]);
+    int64_t done = 0;
+    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+      const int64_t vecs = len / V;
+      const Vec<T, V>* vsrc = reinterpret_cast<const Vec<T, V>*>(src);
+      for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
+        const Vec<T, V> v = load_vec<false>(vsrc + i);  // kept in L2 for the output pass
+        A a[V];
+        widen(v.v, a);
+#pragma unroll
+        for (int e = 0; e < V; ++e) t.add(a[e], shift);
+      }
+      done = vecs * V;
+    }
+    for (int64_t i = done + threadIdx.x; i < len; i += kThreads) t.add(to_acc(src[i]), shift);
+  } else {  // whole short runs [j0, j1): element e of the piece is run j0 + e / run_len
+    const int64_t j0 = q * pl.runs_per_piece;
+    const int64_t j1 = min(p.runs, j0 + pl.runs_per_piece);
+    const uint32_t run_len = uint32_t(p.run_len), total = uint32_t((j1 - j0) * p.run_len);
+    shift = to_acc(base[j0 * p.run_stride]);
+    for (uint32_t e = threadIdx.x; e < total; e += kThreads) {
+      const uint32_t j = e / run_len;
+      t.add(to_acc(base[(j0 + j) * p.run_stride + (e - j * run_len)]), shift);
+    }
+  }
+  if (kStat != FN_STAT_MEAN_VAR) shift = A(0);
+  const Stats<A> s = group_reduce(t.stats(), kThreads, kStat != FN_STAT_MEAN_VAR, smem);
+  if (threadIdx.x == 0) out[blockIdx.x] = Partial<A>{s.n, shift, s.mean, s.m2};
+}
+
+struct Moments {
+  double n, mean, m2;
+};
+
+__device__ __forceinline__ Moments merge_moments(const Moments& a, const Moments& b) {
+  if (b.n == 0.0) return a;
+  if (a.n == 0.0) return b;
+  const double n = a.n + b.n, d = b.mean - a.mean, wb = b.n / n;
+  return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
+}
+
+// One warp per set: its partials merged in double (a fixed order: results repeat bit for bit), the
+// set's statistics written for the coefficients (double) and for the caller (accumulator dtype).
+template <typename A, int kStat>
+__global__ void __launch_bounds__(kThreads) merge_stats_kernel(FamilyParams p, Plan pl, Workspace<A> ws) {
+  const int64_t set = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (set >= p.stats) return;
+  const bool mean_var = kStat == FN_STAT_MEAN_VAR;
+  Moments m{0.0, 0.0, 0.0};
+  for (int64_t q = lane; q < pl.per_set; q += 32) {
+    const Partial<A> part = ws.partials[set * pl.per_set + q];
+    const Moments b{double(part.n), double(part.shift) + double(part.mean), double(part.m2)};
+    m = mean_var ? merge_moments(m, b) : Moments{m.n + b.n, 0.0, m.m2 + b.m2};
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const Moments b{__shfl_xor_sync(0xffffffffu, m.n, off), __shfl_xor_sync(0xffffffffu, m.mean, off),
+                    __shfl_xor_sync(0xffffffffu, m.m2, off)};
+    m = mean_var ? merge_moments(m, b) : Moments{m.n + b.n, 0.0, m.m2 + b.m2};
+  }
+  if (lane != 0) return;
+  if (mean_var) {
+    const double var = m.m2 / m.n;
+    ws.set_mean[set] = m.mean;
+    ws.set_var[set] = var < 0.0 ? 0.0 : var;  // NaN stays NaN
+    static_cast<A*>(p.mean)[set] = A(m.mean);
+    static_cast<A*>(p.var)[set] = A(ws.set_var[set]);
+  } else {
+    const double s = p.p_mean ? m.m2 / m.n : m.m2;
+    ws.set_mean[set] = kStat == FN_STAT_SQUARE_SUM ? sqrt(s) : s;
+    static_cast<A*>(p.mean)[set] = A(ws.set_mean[set]);
+  }
+}
+
+__device__ __forceinline__ double param_at(const void* t, int dtype, int64_t i) {
+  switch (dtype) {
+    case FN_F32: return static_cast<const float*>(t)[i];
+    case FN_F64: return static_cast<const double*>(t)[i];
+    case FN_F16: return __half2float(static_cast<const __half*>(t)[i]);
+    default: return __bfloat162float(static_cast<const __nv_bfloat16*>(t)[i]);
+  }
+}
+
+// (center, scale, offset) of every coefficient: the mean's rounding error goes into the offset, so
+// x - center stays exact near the mean (x + 1000) as in the LayerNorm kernels.
+template <typename A, int kStat>
+__global__ void __launch_bounds__(kThreads) coefficients_kernel(FamilyParams p, Workspace<A> ws) {
+  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (c >= p.coeffs) return;
+  const int64_t ch = c % p.channels, set = (c / p.channels) * p.groups + ch / (p.channels / p.groups);
+  A* out = ws.coeffs + 3 * c;
+  if (kStat != FN_STAT_MEAN_VAR) {
+    const double norm = ws.set_mean[set];
+    out[0] = A(0);
+    out[1] = A(1.0 / (norm > p.eps ? norm : p.eps));  // NaN norms give NaN
+    out[2] = A(0);
+    return;
+  }
+  const double mean = p.given_stats ? double(static_cast<const A*>(p.mean)[set]) : ws.set_mean[set];
+  const double var = p.given_stats ? double(static_cast<const A*>(p.var)[set]) : ws.set_var[set];
+  const double w = p.weight ? param_at(p.weight, p.wdtype, ch) : 1.0;
+  const double b = p.bias ? param_at(p.bias, p.wdtype, ch) : 0.0;
+  const double scale = w / sqrt(var + p.eps);
+  const A center = A(mean);
+  out[0] = center;
+  out[1] = A(scale);
+  out[2] = A(b - (mean - double(center)) * scale);
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ T apply_one(T x, A center, A scale, A offset) {
+  return from_acc<T>(fma(to_acc(x) - center, scale, offset));
+}
+
+// y = (x - center) * scale + offset over rows of at least kLongRow elements: block b is piece
+// b % per_row of row b / per_row, vectors where the piece starts 16-byte aligned.
+constexpr int64_t kLongRow = 2048;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) apply_rows_kernel(FamilyParams p, const typename AccOf<T>::type* coeffs,
+                                                              int64_t per_row, int64_t piece) {
+  using A = typename AccOf<T>::type;
+  constexpr int V = 16 / sizeof(T);
+  const int64_t r = blockIdx.x / per_row, lo = (blockIdx.x % per_row) * piece;
+  const int64_t len = min(piece, p.row_len - lo);
+  const A* k = coeffs + 3 * (r % p.coeffs);
+  const A center = k[0], scale = k[1], offset = k[2];
+  const T* x = static_cast<const T*>(p.x) + r * p.row_len + lo;
+  T* y = static_cast<T*>(p.y) + r * p.row_len + lo;
+  int64_t done = 0;
+  if (((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0) {
+    const int64_t vecs = len / V;
+    for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
+      const Vec<T, V> v = load_vec<true>(reinterpret_cast<const Vec<T, V>*>(x) + i);
+      A a[V];
+      widen(v.v, a);
+#pragma unroll
+      for (int e = 0; e < V; ++e) a[e] = fma(a[e] - center, scale, offset);
+      store_vec(reinterpret_cast<Vec<T, V>*>(y) + i, pack<T>(a));
+    }
+    done = vecs * V;
+  }
+  for (int64_t i = done + threadIdx.x; i < len; i += kThreads) y[i] = apply_one(x[i], center, scale, offset);
+}
+
+// The same for short rows, one element at a time over the whole tensor.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) apply_elements_kernel(FamilyParams p, const typename AccOf<T>::type* coeffs) {
+  using A = typename AccOf<T>::type;
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < p.numel; e += int64_t(gridDim.x) * kThreads) {
+    const A* k = coeffs + 3 * ((e / p.row_len) % p.coeffs);
+    y[e] = apply_one(x[e], k[0], k[1], k[2]);
+  }
+}
+
+template <typename T, int kStat>
+static const char* run_family(const FamilyParams& p, cudaStream_t stream) {
+  using A = typename AccOf<T>::type;
+  const Plan pl = plan_of(p);
+  if (p.workspace_bytes < workspace_bytes<A>(p, pl)) return "family workspace too small";
+  const Workspace<A> ws = workspace_of<A>(p, pl);
+  if (!p.given_stats) {
+    piece_stats_kernel<T, kStat><<<unsigned(pl.partials), kThreads, 0, stream>>>(p, pl, ws.partials);
+    merge_stats_kernel<A, kStat><<<unsigned((p.stats + kWarpsPerBlock - 1) / kWarpsPerBlock), kThreads, 0, stream>>>(
+        p, pl, ws);
+  }
+  coefficients_kernel<A, kStat><<<unsigned((p.coeffs + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, ws);
+  if (p.row_len >= kLongRow) {
+    const int64_t piece = int64_t(kThreads) * (16 / sizeof(T)) * 4;
+    const int64_t per_row = (p.row_len + piece - 1) / piece;
+    apply_rows_kernel<T><<<unsigned(p.numel / p.row_len * per_row), kThreads, 0, stream>>>(p, ws.coeffs, per_row,
+                                                                                           piece);
+  } else {
+    const int64_t blocks = (p.numel + kThreads * 4 - 1) / (kThreads * 4);
+    const int64_t cap = int64_t(device_info().sms) * 32;
+    apply_elements_kernel<T><<<unsigned(blocks < cap ? blocks : cap), kThreads, 0, stream>>>(p, ws.coeffs);
+  }
+  return launch_result(cudaGetLastError());
+}
+
+template <typename T>
+static const char* run_family_stat(const FamilyParams& p, cudaStream_t stream) {
+  switch (p.stat) {
+    case FN_STAT_MEAN_VAR: return run_family<T, FN_STAT_MEAN_VAR>(p, stream);
+    case FN_STAT_ABS_SUM: return run_family<T, FN_STAT_ABS_SUM>(p, stream);
+    case FN_STAT_SQUARE_SUM: return run_family<T, FN_STAT_SQUARE_SUM>(p, stream);
+    default: return "unknown family statistic";
+  }
+}
+
+}  // namespace family
+}  // namespace fastnorm
