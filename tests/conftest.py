@@ -55,13 +55,20 @@ def reference_layer_norm(x, normalized_shape=None, weight=None, bias=None, eps=1
     return _channels_last(lambda t: _layer_norm64(t, x.shape[begin:end], weight, bias, eps), x.double(), (begin, end))
 
 
+def _rms_norm64(x, normalized_shape, weight, eps):
+    """F.rms_norm's definition, written out: torch < 2.4 has no F.rms_norm."""
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    return y if weight is None else y * weight
+
+
 def reference_rms_norm(x, normalized_shape=None, weight=None, eps=None, dim=None):
     """PyTorch's rms_norm computed in float64; eps None means finfo(x.dtype).eps, like the real thing."""
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     if dim is None:
-        return F.rms_norm(x.double(), tuple(normalized_shape), _wide(weight), eps)
+        return _rms_norm64(x.double(), tuple(normalized_shape), _wide(weight), eps)
     begin, end = _dim_range(x, dim)
-    return _channels_last(lambda t: F.rms_norm(t, x.shape[begin:end], _wide(weight), eps),
+    return _channels_last(lambda t: _rms_norm64(t, x.shape[begin:end], _wide(weight), eps),
                           x.double(), (begin, end))
 
 

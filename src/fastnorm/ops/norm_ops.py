@@ -9,6 +9,7 @@ import torch
 
 from fastnorm.ops import extension
 from fastnorm.ops.direct import direct_call_ok
+from fastnorm.ops.library_compat import register_autograd, register_fake
 
 _lib = torch.library.Library("fastnorm", "DEF")
 _lib.define("layer_norm(Tensor x, int begin_dim, int end_dim, Tensor? weight, Tensor? bias, float eps) -> Tensor")
@@ -57,17 +58,17 @@ for _key in ("CPU", "CUDA"):
     _lib.impl("norm_backward", norm_backward_kernel, _key)
 
 
-@torch.library.register_fake("fastnorm::layer_norm")
+@register_fake("fastnorm::layer_norm")
 def _layer_norm_fake(x, begin_dim, end_dim, weight, bias, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.register_fake("fastnorm::rms_norm")
+@register_fake("fastnorm::rms_norm")
 def _rms_norm_fake(x, begin_dim, end_dim, weight, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.register_fake("fastnorm::norm_backward")
+@register_fake("fastnorm::norm_backward")
 def _norm_backward_fake(dy, x, begin_dim, end_dim, weight, bias, eps, rms, need_dx, need_dweight, need_dbias,
                         dx_add=None):
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else x.new_empty(0)
@@ -102,5 +103,5 @@ def _rms_norm_backward(ctx, grad):
     return dx, None, None, dw, None
 
 
-torch.library.register_autograd("fastnorm::layer_norm", _layer_norm_backward, setup_context=_setup_context)
-torch.library.register_autograd("fastnorm::rms_norm", _rms_norm_backward, setup_context=_setup_context)
+register_autograd(_lib, "fastnorm::layer_norm", _layer_norm_backward, _setup_context)
+register_autograd(_lib, "fastnorm::rms_norm", _rms_norm_backward, _setup_context)

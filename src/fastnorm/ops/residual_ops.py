@@ -8,6 +8,7 @@ gradient to the norm's in the same pass (norm_backward's dx_add).
 import torch
 
 from fastnorm.ops import extension, norm_ops  # norm_ops defines the fastnorm library and norm_backward
+from fastnorm.ops.library_compat import register_autograd, register_fake
 
 _lib = norm_ops._lib
 _lib.define("add_layer_norm(Tensor x, Tensor residual, int begin_dim, int end_dim, Tensor? weight, Tensor? bias, "
@@ -42,12 +43,12 @@ def _fake(x, residual_in_fp32):
     return y, torch.empty_like(x, dtype=h_dtype(x, residual_in_fp32), memory_format=torch.contiguous_format)
 
 
-@torch.library.register_fake("fastnorm::add_layer_norm")
+@register_fake("fastnorm::add_layer_norm")
 def _add_layer_norm_fake(x, residual, begin_dim, end_dim, weight, bias, eps, residual_in_fp32):
     return _fake(x, residual_in_fp32)
 
 
-@torch.library.register_fake("fastnorm::add_rms_norm")
+@register_fake("fastnorm::add_rms_norm")
 def _add_rms_norm_fake(x, residual, begin_dim, end_dim, weight, eps, residual_in_fp32):
     return _fake(x, residual_in_fp32)
 
@@ -84,5 +85,5 @@ def _add_rms_norm_backward(ctx, dy, dh):
     return dx, dr, None, None, dw, None, None
 
 
-torch.library.register_autograd("fastnorm::add_layer_norm", _add_layer_norm_backward, setup_context=_setup_context)
-torch.library.register_autograd("fastnorm::add_rms_norm", _add_rms_norm_backward, setup_context=_setup_context)
+register_autograd(_lib, "fastnorm::add_layer_norm", _add_layer_norm_backward, _setup_context)
+register_autograd(_lib, "fastnorm::add_rms_norm", _add_rms_norm_backward, _setup_context)
