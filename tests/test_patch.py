@@ -251,7 +251,8 @@ def test_modules_that_cannot_be_replaced():
     hooked = nn.LayerNorm(8)
     hooked.register_forward_hook(lambda m, i, o: None)
     on_meta = LlamaStyleRMSNorm(8).to("meta")
-    model = nn.Sequential(hooked, on_meta, nn.LayerNorm(8, device="meta"), nn.BatchNorm1d(8), nn.Linear(8, 8))
+    model = nn.Sequential(hooked, on_meta, nn.LayerNorm(8, device="meta"), nn.LocalResponseNorm(2),
+                          nn.Linear(8, 8))
     report = fastnorm.patch(model)
     reasons = {s.path: s.reason for s in report.skipped}
     assert set(reasons) == {"0", "1", "3"}  # the Linear is no norm: not reported

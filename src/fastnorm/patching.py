@@ -1,12 +1,14 @@
-"""fastnorm.patch(model): put fastnorm modules in place of a model's LayerNorm and RMSNorm modules.
+"""fastnorm.patch(model): put fastnorm modules in place of a model's normalization modules.
 
-nn.LayerNorm and nn.RMSNorm are replaced by type. Other RMSNorm classes (Hugging Face's LlamaRMSNorm,
-T5LayerNorm, GemmaRMSNorm, hand-written ones) are recognized by structure, never by name: a leaf module
-whose only parameter is `weight`, with a numeric `variance_epsilon` or `eps`, whose forward is shown to
-compute RMSNorm by running it next to a fastnorm candidate on a small random probe. The probe also finds
-the variant: the scale `weight` or `1 + weight` (Gemma), and which dtype the output takes when the input
-and weight dtypes differ. The replacement holds the original's Parameter objects (nothing is copied,
-state_dict keys stay) and the original module itself, which `unpatch` puts back.
+nn.LayerNorm and nn.RMSNorm are replaced by type, and so are nn.BatchNorm1d/2d/3d, nn.InstanceNorm1d/2d/3d
+and nn.GroupNorm (not their subclasses, such as SyncBatchNorm: their own code would be lost). Other
+RMSNorm classes (Hugging Face's LlamaRMSNorm, T5LayerNorm, GemmaRMSNorm, hand-written ones) are recognized
+by structure, never by name: a leaf module whose only parameter is `weight`, with a numeric
+`variance_epsilon` or `eps`, whose forward is shown to compute RMSNorm by running it next to a fastnorm
+candidate on a small random probe. The probe also finds the variant: the scale `weight` or `1 + weight`
+(Gemma), and which dtype the output takes when the input and weight dtypes differ. The replacement holds
+the original's Parameter objects (nothing is copied, state_dict keys stay), its buffers (running
+statistics, updated in place) and the original module itself, which `unpatch` puts back.
 """
 import inspect
 import math
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from fastnorm import family_modules
 from fastnorm.modules import LayerNorm, RMSNorm
 from fastnorm.ops.functional import rms_norm
 
@@ -23,6 +26,11 @@ _HALF = (torch.float16, torch.bfloat16)
 _ORIGINAL = "_fastnorm_original"  # attribute of a replacement: the module it stands in for
 _TORCH_RMS_NORM = getattr(nn, "RMSNorm", None)  # torch >= 2.4
 _EPS_NAMES = ("variance_epsilon", "eps")
+_FAMILY = {nn.BatchNorm1d: family_modules.BatchNorm1d, nn.BatchNorm2d: family_modules.BatchNorm2d,
+           nn.BatchNorm3d: family_modules.BatchNorm3d, nn.InstanceNorm1d: family_modules.InstanceNorm1d,
+           nn.InstanceNorm2d: family_modules.InstanceNorm2d, nn.InstanceNorm3d: family_modules.InstanceNorm3d,
+           nn.GroupNorm: family_modules.GroupNorm}  # torch.nn class -> its fastnorm subclass
+_FASTNORM_MODULES = (LayerNorm, RMSNorm) + tuple(_FAMILY.values())
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
                "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
                "_load_state_dict_post_hooks")
@@ -145,7 +153,8 @@ def _check_replaceable(module: nn.Module) -> None:
 
 
 def _adopt(new: nn.Module, original: nn.Module, names: Tuple[str, ...]) -> nn.Module:
-    """Give `new` (built on the meta device) the original's Parameter objects, mode and a link back."""
+    """Give `new` (built on the meta device) the original's Parameter (and buffer) objects, mode and a
+    link back."""
     for name in names:
         setattr(new, name, getattr(original, name))
     new.train(original.training)
@@ -162,6 +171,17 @@ def _layer_norm_replacement(module: nn.LayerNorm) -> nn.Module:
 def _rms_norm_replacement(module) -> nn.Module:  # nn.RMSNorm: torch >= 2.4
     new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
     return _adopt(new, module, ("weight",))
+
+
+def _family_replacement(module) -> nn.Module:
+    """The fastnorm subclass of a BatchNorm, InstanceNorm or GroupNorm, with its parameters and buffers."""
+    kind = _FAMILY[type(module)]
+    if isinstance(module, nn.GroupNorm):
+        new = kind(module.num_groups, module.num_channels, module.eps, module.affine, device="meta")
+    else:
+        new = kind(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                   device="meta")
+    return _adopt(new, module, tuple(module._parameters) + tuple(module._buffers))
 
 
 def _epsilon(module: nn.Module) -> Optional[float]:
@@ -290,12 +310,17 @@ def _generic_rms_replacement(module: nn.Module) -> Tuple[nn.Module, str]:
     return _adopt(new, module, ("weight",)), note
 
 
-def _replacement(module: nn.Module, layer_norm: bool, rms_norm: bool) -> Tuple[Optional[nn.Module], str]:
+def _replacement(module: nn.Module, layer_norm: bool, rms_norm: bool, family: bool) -> Tuple[Optional[nn.Module], str]:
     """(replacement, note), or (None, reason) for a norm-like module left alone, or (None, '') for a
     module that is no normalization at all. Raises _Rejected for a recognized one that cannot be."""
     kind = type(module)
-    if isinstance(module, (LayerNorm, RMSNorm)):
+    if isinstance(module, _FASTNORM_MODULES):
         return None, "already a fastnorm module"
+    if kind in _FAMILY:
+        if not family:
+            return None, "family=False"
+        _check_replaceable(module)
+        return _family_replacement(module), ""
     if kind is nn.LayerNorm:
         if not layer_norm:
             return None, "layer_norm=False"
@@ -318,9 +343,9 @@ def _replacement(module: nn.Module, layer_norm: bool, rms_norm: bool) -> Tuple[O
     return _generic_rms_replacement(module)
 
 
-def _replacement_or_reason(module, layer_norm, rms_norm):
+def _replacement_or_reason(module, layer_norm, rms_norm, family):
     try:
-        return _replacement(module, layer_norm, rms_norm)
+        return _replacement(module, layer_norm, rms_norm, family)
     except _Rejected as why:
         return None, str(why)
 
@@ -336,19 +361,20 @@ def _child_slots(parent: nn.Module, prefix: str = ""):
         yield from _child_slots(child, path)
 
 
-def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True) -> PatchReport:
-    """Replace, in place, the LayerNorm and RMSNorm modules of `model` by fastnorm modules holding the
-    same Parameter objects; return a PatchReport of what was replaced and what was left and why.
+def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, family: bool = True) -> PatchReport:
+    """Replace, in place, the LayerNorm and RMSNorm modules of `model` (and, with `family`, its BatchNorm,
+    InstanceNorm and GroupNorm modules) by fastnorm modules holding the same Parameter and buffer
+    objects; return a PatchReport of what was replaced and what was left and why.
     `unpatch(model)` puts the original modules back."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"fastnorm.patch expects a torch.nn.Module, got {type(model).__name__}")
     replaced, skipped = [], []
-    if _replacement_or_reason(model, layer_norm, rms_norm)[0] is not None:
+    if _replacement_or_reason(model, layer_norm, rms_norm, family)[0] is not None:
         skipped.append(Skipped("(root)", _class_name(model), "the model itself is a norm: patch a module that holds it"))
     done = {}  # id(original) -> (replacement, note): a shared module gets one replacement
     for path, parent, name, child in list(_child_slots(model)):
         if id(child) not in done:
-            done[id(child)] = _replacement_or_reason(child, layer_norm, rms_norm)
+            done[id(child)] = _replacement_or_reason(child, layer_norm, rms_norm, family)
         new, note = done[id(child)]
         if new is None:
             if note:
@@ -361,7 +387,7 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True) -
 
 def unpatch(model: nn.Module) -> List[str]:
     """Put back the original modules `patch` replaced in `model` (with the replacements' current
-    Parameter objects and training mode); return their paths."""
+    Parameter and buffer objects and training mode); return their paths."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"fastnorm.unpatch expects a torch.nn.Module, got {type(model).__name__}")
     restored = []
@@ -369,8 +395,10 @@ def unpatch(model: nn.Module) -> List[str]:
         original = vars(child).get(_ORIGINAL)
         if original is None:
             continue
-        for pname, param in child.named_parameters(recurse=False):
-            setattr(original, pname, param)  # the same objects, even if something swapped them meanwhile
+        # the same objects, even if something swapped them meanwhile (module.to() replaces buffers)
+        tensors = list(child.named_parameters(recurse=False)) + list(child.named_buffers(recurse=False))
+        for attr, tensor in tensors:
+            setattr(original, attr, tensor)
         original.train(child.training)
         setattr(parent, name, original)
         restored.append(path)

@@ -86,3 +86,11 @@ def check_residual(x: torch.Tensor, residual, residual_in_fp32: bool, op: str) -
     if residual.dtype not in allowed:
         raise TypeError(f"fastnorm.{op}: residual dtype {residual.dtype} must be the input's ({x.dtype})"
                         + (" or float32" if residual_in_fp32 else ""))
+
+
+def check_channel_input(x, op: str, **params) -> None:
+    """x of shape (N, C, *spatial), and per-channel tensors (weight, bias, statistics) of shape (C,)."""
+    check_input(x, op)
+    if x.dim() < 2:
+        raise ValueError(f"fastnorm.{op}: expected input of shape (N, C, *spatial), got size {list(x.shape)}")
+    check_affine(x, 1, 2, op, **params)

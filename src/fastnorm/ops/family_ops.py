@@ -1,0 +1,198 @@
+"""The custom ops of the normalization family: torch.ops.fastnorm.group_norm, batch_norm,
+batch_norm_eval and p_normalize, with their kernels, fake (meta) functions and autograd.
+
+- group_norm(x, weight, bias, groups, eps) -> (y, mean, var): statistics per (sample, group), shape
+  (N, groups); InstanceNorm is groups = C.
+- batch_norm(x, weight, bias, eps) -> (y, mean, var): batch statistics per channel, shape (C,)
+  (BatchNorm in training); mean and the biased var feed the running statistics.
+- batch_norm_eval(x, weight, bias, mean, var, eps) -> y: given per-channel statistics (BatchNorm in
+  eval mode, InstanceNorm with use_input_stats=False). A separate op because an op may not return its
+  inputs, which the statistics would be here.
+- p_normalize(x, p, begin_dim, end_dim, eps, mean) -> y = x / max(norm, eps), p 1 or 2, over the
+  dims [begin_dim, end_dim); mean=True divides the sum by the count first.
+
+Statistics are float32 (float64 for float64 x) and not differentiable. The backwards are written with
+torch ops from the saved statistics (correct; fused backward kernels are future work).
+"""
+import math
+
+import torch
+
+from fastnorm.ops import extension, norm_ops  # noqa: F401  (norm_ops defines the fastnorm library)
+from fastnorm.ops.direct import direct_call_ok
+
+_lib = torch.library.Library("fastnorm", "FRAGMENT")
+_lib.define("group_norm(Tensor x, Tensor? weight, Tensor? bias, int groups, float eps) -> (Tensor, Tensor, Tensor)")
+_lib.define("batch_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)")
+_lib.define("batch_norm_eval(Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor var, float eps) -> Tensor")
+_lib.define("p_normalize(Tensor x, float p, int begin_dim, int end_dim, float eps, bool mean) -> Tensor")
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the kernels' statistics and sums: float64 for float64 input, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def kernels(device_type: str):
+    """The compiled module holding the family's kernels for a device type (the tests put a plain-torch
+    stand-in here while an extension lacks them)."""
+    return extension.load(device_type)
+
+
+def group_norm_kernel(x, weight, bias, groups, eps):
+    y, mean, var = kernels(x.device.type).group_norm_forward(x, weight, bias, groups, eps)
+    return y, mean, var
+
+
+def batch_norm_kernel(x, weight, bias, eps):
+    y, mean, var = kernels(x.device.type).batch_norm_forward(x, weight, bias, None, None, eps)
+    return y, mean, var
+
+
+def batch_norm_eval_kernel(x, weight, bias, mean, var, eps):
+    return kernels(x.device.type).batch_norm_forward(x, weight, bias, mean, var, eps)[0]
+
+
+def p_normalize_kernel(x, p, begin_dim, end_dim, eps, mean):
+    return kernels(x.device.type).p_normalize(x, p, begin_dim, end_dim, eps, mean)
+
+
+_KERNELS = {"group_norm": group_norm_kernel, "batch_norm": batch_norm_kernel,
+            "batch_norm_eval": batch_norm_eval_kernel, "p_normalize": p_normalize_kernel}
+
+for _name, _kernel in _KERNELS.items():
+    for _key in ("CPU", "CUDA"):
+        _lib.impl(_name, _kernel, _key)
+
+
+def call(name: str, *args):
+    """torch.ops.fastnorm.<name>(*args); straight to the kernel when nothing traces or records the call
+    (host time is most of a small call)."""
+    if direct_call_ok(*(a for a in args if isinstance(a, torch.Tensor))):
+        return _KERNELS[name](*args)
+    return getattr(torch.ops.fastnorm, name)(*args)
+
+
+def _like(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _stats(x, shape):
+    mean = x.new_empty(shape, dtype=accumulator_dtype(x.dtype))
+    return mean, torch.empty_like(mean)
+
+
+@torch.library.register_fake("fastnorm::group_norm")
+def _group_norm_fake(x, weight, bias, groups, eps):
+    return (_like(x),) + _stats(x, (x.shape[0], groups))
+
+
+@torch.library.register_fake("fastnorm::batch_norm")
+def _batch_norm_fake(x, weight, bias, eps):
+    return (_like(x),) + _stats(x, (x.shape[1],))
+
+
+@torch.library.register_fake("fastnorm::batch_norm_eval")
+def _batch_norm_eval_fake(x, weight, bias, mean, var, eps):
+    return _like(x)
+
+
+@torch.library.register_fake("fastnorm::p_normalize")
+def _p_normalize_fake(x, p, begin_dim, end_dim, eps, mean):
+    return _like(x)
+
+
+# ---- autograd -------------------------------------------------------------------------------------
+
+def _save_affine_norm(ctx, x, weight, bias, mean, var, groups, eps):
+    ctx.groups, ctx.eps = groups, eps
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.save_for_backward(x, weight, mean, var)
+
+
+def _setup_group_norm(ctx, inputs, output):
+    x, weight, bias, groups, eps = inputs
+    ctx.mark_non_differentiable(*output[1:])
+    _save_affine_norm(ctx, x, weight, bias, output[1], output[2], groups, eps)
+
+
+def _setup_batch_norm(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    ctx.mark_non_differentiable(*output[1:])
+    _save_affine_norm(ctx, x, weight, bias, output[1], output[2], 1, eps)
+
+
+def _setup_batch_norm_eval(ctx, inputs, output):
+    x, weight, bias, mean, var, eps = inputs
+    _save_affine_norm(ctx, x, weight, bias, mean, var, 1, eps)
+
+
+def _affine_norm_backward(ctx, dy, per_sample: bool, batch_stats: bool):
+    """(dx, dweight, dbias) of y = (x - mean) * rstd * weight + bias. x is viewed as (N, G, C/G, S):
+    per-sample statistics (group/instance norm) have shape (N, G) and reduce over the last two dims;
+    per-channel ones (batch norm, G = 1) have shape (C,) and reduce over N and S. With batch_stats the
+    statistics depend on x; given ones (eval) do not: dx = dy * weight * rstd."""
+    x, weight, mean, var = ctx.saved_tensors
+    n, c, groups = x.shape[0], x.shape[1], ctx.groups
+    view = (n, groups, c // groups, math.prod(x.shape[2:]))
+    stat_shape, stat_dims = ((n, groups, 1, 1), (2, 3)) if per_sample else ((1, 1, c, 1), (0, 3))
+    acc = accumulator_dtype(x.dtype)
+    x4, dy4 = x.reshape(view).to(acc), dy.reshape(view).to(acc)
+    rstd = torch.rsqrt(var.to(acc).reshape(stat_shape) + ctx.eps)
+    xhat = (x4 - mean.to(acc).reshape(stat_shape)) * rstd
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    dx = dw = db = None
+    if need_dx:
+        g = dy4 if weight is None else dy4 * weight.to(acc).reshape(1, groups, c // groups, 1)
+        if batch_stats:
+            g = g - g.mean(stat_dims, keepdim=True) - xhat * (g * xhat).mean(stat_dims, keepdim=True)
+        dx = (g * rstd).reshape(x.shape).to(x.dtype)
+    if need_dw:
+        dw = (dy4 * xhat).sum((0, 3)).reshape(c).to(weight.dtype)
+    if need_db:
+        db = dy4.sum((0, 3)).reshape(c).to(ctx.bias_dtype)
+    return dx, dw, db
+
+
+def _group_norm_backward(ctx, dy, dmean, dvar):
+    return _affine_norm_backward(ctx, dy, per_sample=True, batch_stats=True) + (None, None)
+
+
+def _batch_norm_backward(ctx, dy, dmean, dvar):
+    return _affine_norm_backward(ctx, dy, per_sample=False, batch_stats=True) + (None,)
+
+
+def _batch_norm_eval_backward(ctx, dy):
+    return _affine_norm_backward(ctx, dy, per_sample=False, batch_stats=False) + (None, None, None)
+
+
+def _setup_p_normalize(ctx, inputs, output):
+    x, ctx.p, ctx.begin_dim, ctx.end_dim, ctx.eps, ctx.mean = inputs
+    ctx.save_for_backward(x)
+
+
+def _p_normalize_backward(ctx, dy):
+    """y = x / d, d = max(norm, eps): dx = (dy - [norm >= eps] * dnorm/dx * sum(dy * y)) / d, with
+    dnorm/dx = sign(x) / k (p=1) or y / k (p=2, where norm = d); k is the count with mean, else 1.
+    The norm is recomputed from x (one more reduction; the op returns only y)."""
+    (x,) = ctx.saved_tensors
+    dims = tuple(range(ctx.begin_dim, ctx.end_dim))
+    k = math.prod(x.shape[d] for d in dims) if ctx.mean else 1
+    a, g = x.to(accumulator_dtype(x.dtype)), dy.to(accumulator_dtype(x.dtype))
+    if ctx.p == 1:
+        norm = a.abs().sum(dims, keepdim=True) / k
+    else:
+        norm = (a * a).sum(dims, keepdim=True).div(k).sqrt()
+    d = norm.clamp_min(ctx.eps)
+    y = a / d
+    slope = a.sign() if ctx.p == 1 else y
+    inner = (g * y).sum(dims, keepdim=True) / k
+    dx = (g - torch.where(norm >= ctx.eps, slope * inner, 0)) / d
+    return dx.to(x.dtype), None, None, None, None, None
+
+
+torch.library.register_autograd("fastnorm::group_norm", _group_norm_backward, setup_context=_setup_group_norm)
+torch.library.register_autograd("fastnorm::batch_norm", _batch_norm_backward, setup_context=_setup_batch_norm)
+torch.library.register_autograd("fastnorm::batch_norm_eval", _batch_norm_eval_backward,
+                                setup_context=_setup_batch_norm_eval)
+torch.library.register_autograd("fastnorm::p_normalize", _p_normalize_backward, setup_context=_setup_p_normalize)
