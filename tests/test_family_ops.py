@@ -56,6 +56,8 @@ def test_group_norm(shape, groups, dtype, device):
         for contiguous in (True, False):
             x = make_input(shape, dist, dtype, device, contiguous)
             w, b = make_affine(shape[1], dtype if dist != "rand" else torch.float32, device)
+            plain = fastnorm.group_norm(x, groups, eps=1e-5)  # no parameters: the LayerNorm kernels
+            assert_matches_reference(plain, reference_group_norm(x, groups, None, None, 1e-5))
             y = fastnorm.group_norm(x, groups, w, b, 1e-5)
             assert y.dtype == dtype and y.is_contiguous()
             assert_matches_reference(y, reference_group_norm(x, groups, w, b, 1e-5))
@@ -243,6 +245,11 @@ GRAD_FUNCTIONS = {
     "group_norm": (lambda x, w, b: fastnorm.group_norm(x, 3, w, b), lambda x, w, b: F.group_norm(x, 3, w, b)),
     "instance_norm": (lambda x, w, b: fastnorm.instance_norm(x, weight=w, bias=b),
                       lambda x, w, b: F.instance_norm(x, weight=w, bias=b)),
+    # without parameters: the LayerNorm kernels and their fused backward take these
+    "group_norm_no_params": (lambda x, w, b: fastnorm.group_norm(x, 3) * w[:, None, None] + b[:, None, None],
+                             lambda x, w, b: F.group_norm(x, 3) * w[:, None, None] + b[:, None, None]),
+    "instance_norm_no_params": (lambda x, w, b: fastnorm.instance_norm(x) * w[:, None, None] + b[:, None, None],
+                                lambda x, w, b: F.instance_norm(x) * w[:, None, None] + b[:, None, None]),
     "batch_norm_train": (lambda x, w, b: fastnorm.batch_norm(x, None, None, w, b, True),
                          lambda x, w, b: F.batch_norm(x, None, None, w, b, True)),
     "batch_norm_eval": (lambda x, w, b: fastnorm.batch_norm(x, torch.ones(6, device=x.device) * 0.3,

@@ -20,6 +20,7 @@ import torch
 
 from fastnorm.ops import extension, norm_ops  # noqa: F401  (norm_ops defines the fastnorm library)
 from fastnorm.ops.direct import direct_call_ok
+from fastnorm.ops.library_compat import register_autograd, register_fake
 
 _lib = torch.library.Library("fastnorm", "FRAGMENT")
 _lib.define("group_norm(Tensor x, Tensor? weight, Tensor? bias, int groups, float eps) -> (Tensor, Tensor, Tensor)")
@@ -82,22 +83,22 @@ def _stats(x, shape):
     return mean, torch.empty_like(mean)
 
 
-@torch.library.register_fake("fastnorm::group_norm")
+@register_fake("fastnorm::group_norm")
 def _group_norm_fake(x, weight, bias, groups, eps):
     return (_like(x),) + _stats(x, (x.shape[0], groups))
 
 
-@torch.library.register_fake("fastnorm::batch_norm")
+@register_fake("fastnorm::batch_norm")
 def _batch_norm_fake(x, weight, bias, eps):
     return (_like(x),) + _stats(x, (x.shape[1],))
 
 
-@torch.library.register_fake("fastnorm::batch_norm_eval")
+@register_fake("fastnorm::batch_norm_eval")
 def _batch_norm_eval_fake(x, weight, bias, mean, var, eps):
     return _like(x)
 
 
-@torch.library.register_fake("fastnorm::p_normalize")
+@register_fake("fastnorm::p_normalize")
 def _p_normalize_fake(x, p, begin_dim, end_dim, eps, mean):
     return _like(x)
 
@@ -191,8 +192,7 @@ def _p_normalize_backward(ctx, dy):
     return dx.to(x.dtype), None, None, None, None, None
 
 
-torch.library.register_autograd("fastnorm::group_norm", _group_norm_backward, setup_context=_setup_group_norm)
-torch.library.register_autograd("fastnorm::batch_norm", _batch_norm_backward, setup_context=_setup_batch_norm)
-torch.library.register_autograd("fastnorm::batch_norm_eval", _batch_norm_eval_backward,
-                                setup_context=_setup_batch_norm_eval)
-torch.library.register_autograd("fastnorm::p_normalize", _p_normalize_backward, setup_context=_setup_p_normalize)
+register_autograd(_lib, "fastnorm::group_norm", _group_norm_backward, _setup_group_norm)
+register_autograd(_lib, "fastnorm::batch_norm", _batch_norm_backward, _setup_batch_norm)
+register_autograd(_lib, "fastnorm::batch_norm_eval", _batch_norm_eval_backward, _setup_batch_norm_eval)
+register_autograd(_lib, "fastnorm::p_normalize", _p_normalize_backward, _setup_p_normalize)
