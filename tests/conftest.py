@@ -55,8 +55,15 @@ def reference_layer_norm(x, normalized_shape=None, weight=None, bias=None, eps=1
     return _channels_last(lambda t: _layer_norm64(t, x.shape[begin:end], weight, bias, eps), x.double(), (begin, end))
 
 
-def _rms_norm64(x, normalized_shape, weight, eps):
-    """F.rms_norm's definition, written out: torch < 2.4 has no F.rms_norm."""
+# torch < 2.4 has no F.rms_norm / nn.RMSNorm: tests comparing with those modules skip there, and
+# numerical references use the definition below.
+HAS_TORCH_RMS_NORM = hasattr(F, "rms_norm")
+needs_torch_rms_norm = pytest.mark.skipif(not HAS_TORCH_RMS_NORM, reason="nn.RMSNorm / F.rms_norm: torch >= 2.4")
+
+
+def rms_norm_definition(x, normalized_shape, weight=None, eps=None):
+    """F.rms_norm written out (computed in x's dtype, eps None = finfo(x.dtype).eps), for any torch."""
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
     y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
     return y if weight is None else y * weight
@@ -66,9 +73,9 @@ def reference_rms_norm(x, normalized_shape=None, weight=None, eps=None, dim=None
     """PyTorch's rms_norm computed in float64; eps None means finfo(x.dtype).eps, like the real thing."""
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     if dim is None:
-        return _rms_norm64(x.double(), tuple(normalized_shape), _wide(weight), eps)
+        return rms_norm_definition(x.double(), tuple(normalized_shape), _wide(weight), eps)
     begin, end = _dim_range(x, dim)
-    return _channels_last(lambda t: _rms_norm64(t, x.shape[begin:end], _wide(weight), eps),
+    return _channels_last(lambda t: rms_norm_definition(t, x.shape[begin:end], _wide(weight), eps),
                           x.double(), (begin, end))
 
 

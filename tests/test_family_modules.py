@@ -71,6 +71,9 @@ def _assert_same_state(ours, reference):
 def test_training_eval_sequence(ours, theirs, kwargs, shape, device):
     """3 training calls (outputs, gradients, running statistics, num_batches_tracked), 2 in eval mode
     (running statistics used, untouched), one more in training: against torch's module in float64."""
+    if issubclass(theirs, nn.modules.instancenorm._InstanceNorm) and kwargs.get("momentum", 0.1) is None and \
+            not hasattr(torch.library, "register_autograd"):
+        pytest.skip("torch < 2.4's InstanceNorm does not take momentum=None (ours does, as 2.4+ does)")
     a = ours(**kwargs, device=device)
     b = theirs(**kwargs, device=device, dtype=torch.float64)
     _randomize(b)

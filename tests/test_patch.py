@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import fastnorm
+from conftest import needs_torch_rms_norm
 from fastnorm.patching import PatchedRMSNorm, PatchReport, Replaced, Skipped
 
 
@@ -124,6 +125,7 @@ def _params(model):
     return {name: p for name, p in model.named_parameters()}
 
 
+@needs_torch_rms_norm
 def test_replaces_torch_layer_norm_and_rms_norm():
     model = nn.Sequential(nn.LayerNorm(8), nn.LayerNorm(8, bias=False), nn.LayerNorm(8, elementwise_affine=False),
                           nn.Linear(8, 8), nn.RMSNorm(8), nn.RMSNorm(8, eps=1e-3, elementwise_affine=False),
@@ -193,6 +195,7 @@ def test_look_alikes_are_left_alone(impostor, reason):
     assert reason in report.skipped[0].reason
 
 
+@needs_torch_rms_norm
 def test_flags_leave_one_kind():
     model = nn.Sequential(nn.LayerNorm(8), nn.RMSNorm(8), LlamaStyleRMSNorm(8))
     report = fastnorm.patch(model, layer_norm=False)
@@ -204,6 +207,7 @@ def test_flags_leave_one_kind():
     assert [(s.path, s.reason) for s in report.skipped] == [("1", "rms_norm=False"), ("2", "rms_norm=False")]
 
 
+@needs_torch_rms_norm
 def test_unpatch_restores_the_original_modules():
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), GemmaStyleRMSNorm(8), nn.RMSNorm(8))
     _randomize(model)
@@ -269,6 +273,7 @@ def test_variance_epsilon_is_eps():
     assert model[0].eps == 1e-3
 
 
+@needs_torch_rms_norm
 def test_root_norm_is_reported():
     norm = nn.RMSNorm(8)
     report = fastnorm.patch(norm)
@@ -311,6 +316,7 @@ def test_compiled_patched_model_has_no_graph_break():
     _assert_close(compiled(x), model(x))
 
 
+@needs_torch_rms_norm
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_patch_on_cuda(dtype):
