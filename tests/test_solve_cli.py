@@ -17,7 +17,7 @@ FAST = ["--device", "cpu", "--tune-trials", "3", "--trials", "2", "--perf-trials
 
 @pytest.mark.parametrize("name,says", [
     ("unsupported_softmax.py", "found: Linear (self.fc), softmax"),
-    ("unsupported_batch_norm.py", "BatchNorm2d (self.bn)"),
+    ("unsupported_local_response_norm.py", "LocalResponseNorm (self.lrn)"),
     ("unsupported_control_flow.py", "torch.fx"),
 ])
 def test_unsupported_reference_exits_2_and_writes_nothing(name, says, tmp_path, capsys):

@@ -1,9 +1,10 @@
-"""`fastnorm solve` on the GPU for the two real problems, at their real shapes.
+"""`fastnorm solve` on the GPU for the real problems (the two seeds and the family of issue 21), at their
+real shapes.
 
 Each solution is verified by `fastnorm eval` inside solve (the file written is byte for byte the one
 evaluated) and then by the seeds' own check, torch.allclose(model(x), model_new(x), atol=1e-5) with both
-models on cuda, in a fresh process in which fastnorm cannot be imported. The RMS problem moves 7.5 GB
-tensors, so it runs few trials.
+models on cuda, in a fresh process in which fastnorm cannot be imported. The RMS problem and the family's
+move 4 to 8.6 GB tensors, so they run few trials (and only with the slow tests).
 """
 import pytest
 
@@ -16,6 +17,13 @@ pytestmark = pytest.mark.cuda
 @pytest.mark.parametrize("name,tune_trials,eval_trials,perf_trials", [
     ("layer_norm_16x64x256x256.py", 20, 5, 100),
     pytest.param("rms_norm_112x64x512x512.py", 5, 1, 10, marks=pytest.mark.slow),
+    # the family of issue 21 (needs its kernels): 4 to 8.6 GB inputs, few trials
+    pytest.param("batch_norm_64x64x512x512.py", 5, 1, 10, marks=pytest.mark.slow),
+    pytest.param("instance_norm_112x64x512x512.py", 5, 1, 10, marks=pytest.mark.slow),
+    pytest.param("group_norm_112x64x512x512.py", 5, 1, 10, marks=pytest.mark.slow),
+    pytest.param("frobenius_norm_112x64x512x512.py", 5, 1, 10, marks=pytest.mark.slow),
+    pytest.param("l1_norm_32768x65535.py", 5, 1, 10, marks=pytest.mark.slow),
+    pytest.param("l2_norm_32768x65535.py", 5, 1, 10, marks=pytest.mark.slow),
 ])
 def test_solve_real_problem_on_gpu(name, tune_trials, eval_trials, perf_trials, tmp_path):
     problem = MAIN_PROBLEMS_DIR / name

@@ -158,12 +158,13 @@ def test_kernel_block_embeds_the_real_sources(device_type):
     from fastnorm.kernels import inline_sources
 
     cpp, cuda = inline_sources(device_type)
-    block = kernel_block(device_type)
+    block = kernel_block(device_type, functions=["norm_forward"])
     namespace = {"load_inline": lambda **kwargs: kwargs}
     exec(compile(block, "<kernel block>", "exec"), namespace)  # load_inline replaced: nothing is built
     call = namespace["_ext"]
     assert call["cpp_sources"] == [cpp]
     assert call["cuda_sources"] == ([cuda] if cuda else [])
     assert call["functions"] == ["norm_forward"]
-    assert call["name"] == extension_name(device_type, cpp, cuda)
+    assert call["name"] == extension_name(device_type, cpp, cuda, ["norm_forward"])
+    assert call["name"] != extension_name(device_type, cpp, cuda)  # all functions: another build
     assert "#include \"" not in cpp + (cuda or "")  # local headers inlined

@@ -40,6 +40,13 @@ PROBLEM_EXPECTATIONS = {
     "rms_norm_bf16.py": ("RMSNorm", 1, 2, False, False, 1e-5, "fused_rms_norm_over_dims"),
     "rms_norm_channels.py": ("RMSNorm", 1, 2, False, False, 1e-5, "fused_rms_norm_over_dims"),
     "rms_norm_fp32_cast.py": ("RMSNorm", 2, 3, False, False, 1e-6, "fused_rms_norm_over_dims"),
+    # small copies of the family's problems/ files (issue 21)
+    "batch_norm_4x6x9x11.py": ("BatchNorm", 0, 4, True, True, 1e-5, "fused_batch_norm_module"),
+    "instance_norm_3x6x9x11.py": ("InstanceNorm", 2, 4, False, False, 1e-5, "fused_instance_norm_module"),
+    "group_norm_3x12x9x11.py": ("GroupNorm", 1, 4, True, True, 1e-5, "fused_group_norm"),
+    "frobenius_norm_3x5x9x11.py": ("FrobeniusNorm", 0, 4, False, False, 0.0, "fused_normalize"),
+    "l1_norm_13x257.py": ("L1Norm", 1, 2, False, False, 0.0, "fused_normalize"),
+    "l2_norm_13x257.py": ("L2Norm", 1, 2, False, False, 0.0, "fused_normalize"),
 }
 
 
@@ -233,7 +240,7 @@ def test_number_attributes_in_control_flow_fall_back_to_constants(tmp_path):
 
 @pytest.mark.parametrize("name,found", [
     ("unsupported_softmax.py", ["found: Linear (self.fc), softmax"]),
-    ("unsupported_batch_norm.py", ["BatchNorm2d (self.bn)", "normalizations not supported"]),
+    ("unsupported_local_response_norm.py", ["LocalResponseNorm (self.lrn)", "normalizations not supported"]),
     ("unsupported_control_flow.py", ["torch.fx", "control flow"]),
 ])
 def test_unsupported_problems_say_what_they_found(name, found):

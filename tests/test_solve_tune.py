@@ -42,7 +42,7 @@ def healthy_device(monkeypatch):
     monkeypatch.setattr(tuning, "_device_usable", lambda device: True)
 
 
-def run(times, target=None, wrong=(), refused=(), device_type="cuda"):
+def run(times, target=None, wrong=(), refused=(), device_type="cuda", launch_overrides=True):
     module = types.SimpleNamespace(THREADS=-1, BLOCKS_PER_ROW=-1)
     solution = FakeSolution(module, times, wrong, refused)
 
@@ -52,8 +52,16 @@ def run(times, target=None, wrong=(), refused=(), device_type="cuda"):
     x = torch.randn(4, 8)
     # The device only selects the candidate list here (the fake timer runs everything on the CPU).
     best, trials, ref_ms = tuning.tune(module, solution, reference, [x], torch.device(device_type),
-                                       target_speedup=target, timer=solution.timer, trials=3, log=lambda _: None)
+                                       target_speedup=target, timer=solution.timer, trials=3, log=lambda _: None,
+                                       launch_overrides=launch_overrides)
     return module, solution, best, trials, ref_ms
+
+
+def test_kernels_without_launch_overrides_are_timed_once_at_auto():
+    """BatchNorm, GroupNorm and p-norm solutions: their kernels take no THREADS / BLOCKS_PER_ROW."""
+    _, solution, best, trials, _ = run({(0, 0): 5.0, (128, 0): 1.0}, launch_overrides=False)
+    assert [(t.threads, t.blocks_per_row) for t in trials] == [(0, 0)] and solution.timed == [(0, 0)]
+    assert best.ms == 5.0
 
 
 def test_candidates_start_with_auto_and_are_distinct():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from fastnorm.bench import chart, model_suite, modes, ranking, report, suites
+from fastnorm.bench import chart, family_suite, model_suite, modes, ranking, report, suites
 from fastnorm.bench.cases import OPS
 from fastnorm.bench.runner import Runner, TimingPlan
 from fastnorm.bench.table import fmt_bytes, format_table
@@ -46,9 +46,11 @@ def _choices(allowed, aliases=None):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastnorm bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (default: cuda when available)")
-    p.add_argument("--suite", type=_choices(list(suites.SUITES) + ["model"]), action="extend",
+    p.add_argument("--suite", type=_choices(list(suites.SUITES) + list(OWN_TABLE_SUITES)), action="extend",
                    help=f"only these suites, comma-separated: {', '.join(suites.SUITES)}, model (a small "
-                        "transformers Llama, PyTorch's norms against fastnorm.patch, tokens/s; needs transformers)")
+                        "transformers Llama, PyTorch's norms against fastnorm.patch, tokens/s; needs transformers), "
+                        "family (the problems/ files against their solutions/ ModelNew, eager and torch.compile; "
+                        "CUDA)")
     p.add_argument("--dtype", type=_choices(suites.SUITE_DTYPES), action="extend",
                    help=f"only these dtypes: {', '.join(suites.SUITE_DTYPES)}")
     p.add_argument("--op", type=_choices(OPS, OP_ALIASES), action="extend",
@@ -134,6 +136,34 @@ def run_model_suite(device: torch.device, args, use_compile: bool) -> int:
     return 1 if any(r.ms is None for r in rows) else 0
 
 
+def run_family_suite(device: torch.device, args, use_compile: bool) -> int:
+    """--suite family: each problems/ file with a solutions/ ModelNew, eager / torch.compile / ModelNew."""
+    log(f"fastnorm bench --suite family on {report.device_name(device)} (torch {torch.__version__})")
+    if device.type != "cuda":
+        log("the family suite runs the problems at their real sizes (4 to 8.6 GB inputs): it needs a CUDA device")
+        return 2
+    from fastnorm.harness.timing import copy_bandwidth
+
+    copy_bw = copy_bandwidth(device, COPY_BYTES[device.type])
+    log(f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s (device-to-device, read + write)")
+    reps = args.trials or (10 if args.quick else 30)
+    rows = family_suite.run(device, Path("problems"), Path("solutions"), reps=reps, use_compile=use_compile,
+                            copy_bw=copy_bw, log=log)
+    if rows is None:
+        return 2
+    log("")
+    log(family_suite.format_rows(rows, markdown=args.markdown))
+    json_path = (args.json if args.json and args.suite == ["family"] else
+                 Path("benchmarks/results") / f"bench-{report.slug(report.device_name(device))}-family.json")
+    report.write_json(family_suite.to_json(device, rows, copy_bw), json_path)
+    log(f"wrote {json_path}")
+    return 1 if any(not r.ok for r in rows) else 0
+
+
+# Suites with rows of their own (not BenchCase rows): name -> runner(device, args, use_compile) -> exit status.
+OWN_TABLE_SUITES = {"model": run_model_suite, "family": run_family_suite}
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -146,9 +176,10 @@ def main(argv=None) -> int:
     base = PLANS[(device.type, args.quick)]
     max_trials = args.trials or base.max_trials
     min_trials = args.min_trials or min(base.min_trials, max_trials)
-    if args.suite and "model" in args.suite:
-        status = run_model_suite(device, args, use_compile)
-        args.suite = [s for s in args.suite if s != "model"]
+    own = [s for s in OWN_TABLE_SUITES if args.suite and s in args.suite]
+    if own:
+        status = max(OWN_TABLE_SUITES[name](device, args, use_compile) for name in own)
+        args.suite = [s for s in args.suite if s not in OWN_TABLE_SUITES]
         if not args.suite:
             return status
     include_host = args.timing == "host"

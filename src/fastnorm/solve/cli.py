@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastnorm solve",
         description="Turn a KernelBench reference problem (Model, get_inputs, get_init_inputs) into a single "
-                    "self-contained ModelNew file whose LayerNorms / RMSNorms run on fastnorm's kernels, "
+                    "self-contained ModelNew file whose normalizations run on fastnorm's kernels, "
                     "compiled inline. The file is written only after `fastnorm eval` has verified it.",
         epilog=f"Recognized: {SUPPORTED}.")
     parser.add_argument("reference", help="reference problem file (KernelBench format)")

@@ -18,7 +18,9 @@ from fastnorm.solve import fused_helpers
 from fastnorm.solve.problem import ReferenceProblem, UnsupportedProblem
 from fastnorm.solve.rewrite import ForwardCode
 
-EXTENSION_FUNCTIONS = ["norm_forward"]
+# The functions of the kernels' binding a solution can call (issue 21's contract for the last three); a
+# solution's load_inline builds those its helpers use (fused_helpers.extension_calls).
+EXTENSION_FUNCTIONS = ["norm_forward", "group_norm_forward", "batch_norm_forward", "p_normalize"]
 # Compiler flags of the inline build. The sources #define what they need, so no -D flags here.
 CFLAGS = {"cpu": ["-O3", "-fopenmp"], "cuda": ["-O3"]}
 LDFLAGS = {"cpu": ["-fopenmp"], "cuda": []}
@@ -27,7 +29,7 @@ CUDA_CFLAGS = ["-O3", "--expt-relaxed-constexpr"]
 _PROBLEM_ONLY = {"get_inputs", "get_init_inputs"}
 # Module-level names of the solution file itself.
 RESERVED_NAMES = {"THREADS", "BLOCKS_PER_ROW", "_ext", "_CPP_SOURCE", "_CUDA_SOURCE", "load_inline", "ModelNew"} | set(
-    fused_helpers.HELPERS)
+    fused_helpers.HELPERS) | set(fused_helpers.SUPPORT)
 
 
 def _stdlib_modules() -> set:
@@ -221,25 +223,27 @@ def _string_literal(text: str) -> str:
     return "(\n" + "".join(f"    {line!r}\n" for line in text.splitlines(keepends=True)) + ")"
 
 
-def extension_name(device_type: str, cpp: str, cuda: Optional[str]) -> str:
+def extension_name(device_type: str, cpp: str, cuda: Optional[str], functions=None) -> str:
     """Build name with a hash of everything that goes into the build: solutions with different kernels
-    never share a cached build, identical ones share it."""
+    or bound functions never share a cached build, identical ones share it."""
     digest = hashlib.sha256()
     for part in (device_type, cpp, cuda or "", repr(CFLAGS[device_type]), repr(CUDA_CFLAGS),
-                 repr(LDFLAGS[device_type]), repr(EXTENSION_FUNCTIONS)):
+                 repr(LDFLAGS[device_type]), repr(list(functions or EXTENSION_FUNCTIONS))):
         digest.update(part.encode())
         digest.update(b"\0")
     return f"fastnorm_solution_{device_type}_{digest.hexdigest()[:16]}"
 
 
-def kernel_block(device_type: str, kernel_sources=None) -> str:
-    """Kernel source strings and the load_inline call that builds `_ext` from them."""
+def kernel_block(device_type: str, kernel_sources=None, functions=None) -> str:
+    """Kernel source strings and the load_inline call that builds `_ext` from them, binding `functions`
+    (default: all of EXTENSION_FUNCTIONS)."""
+    functions = list(functions or EXTENSION_FUNCTIONS)
     if kernel_sources is None:
         from fastnorm.kernels import inline_sources
 
         kernel_sources = inline_sources(device_type)
     cpp, cuda = kernel_sources
-    name = extension_name(device_type, cpp, cuda)
+    name = extension_name(device_type, cpp, cuda, functions)
     lines = [
         f"# ---- {device_type.upper()} kernels (fastnorm), all #includes inlined " + "-" * 40,
         "",
@@ -255,7 +259,7 @@ def kernel_block(device_type: str, kernel_sources=None) -> str:
         f"    name={name!r},",
         "    cpp_sources=[_CPP_SOURCE],",
         f"    cuda_sources={'[_CUDA_SOURCE]' if cuda else '[]'},",
-        f"    functions={EXTENSION_FUNCTIONS!r},",
+        f"    functions={functions!r},",
         f"    extra_cflags={CFLAGS[device_type]!r},",
     ]
     if cuda:
@@ -273,13 +277,20 @@ def _config_text(value: int) -> str:
     return f"{value}" + ("  # 0: the kernel's own choice" if value == 0 else "")
 
 
+def uses_launch_config(forward: ForwardCode) -> bool:
+    """True when the solution's helpers take THREADS / BLOCKS_PER_ROW (the norm_forward kernels do; the
+    BatchNorm, GroupNorm and p-norm kernels choose their launch themselves)."""
+    return "norm_forward" in fused_helpers.extension_calls(forward.helpers, EXTENSION_FUNCTIONS)
+
+
 def render_solution(problem: ReferenceProblem, forward: ForwardCode, matches: list, device_type: str, *,
                     threads: int = 0, blocks_per_row: int = 0, tuned_on: str = "",
                     kernel_sources=None, extension_code: Optional[str] = None) -> str:
     """The whole solution file. `extension_code` replaces the kernel block (tests use a stub)."""
     reference_imports, reference_names = forward_globals(problem, forward)
     class_text = model_new_class(problem, forward)
-    needed = (_free_names(class_text) | reference_names) - set(fused_helpers.HELPERS)
+    carried = fused_helpers.required(forward.helpers)
+    needed = (_free_names(class_text) | reference_names) - set(carried)
     future, context_imports, context = module_context(problem, needed)
     clashes = set()
     for text in context_imports + context:
@@ -308,13 +319,16 @@ def render_solution(problem: ReferenceProblem, forward: ForwardCode, matches: li
     parts = ["\n\n".join([docstring] + future + ["\n".join(imports)])]
     if context:
         parts.append("\n\n".join(context))
-    parts.append(
-        f"# Kernel launch configuration{tuned}; every fused call below uses it.\n"
-        f"THREADS = {_config_text(threads)}\n"
-        f"BLOCKS_PER_ROW = {_config_text(blocks_per_row)}")
-    helper_sources = [inspect.getsource(fused_helpers.HELPERS[name]).rstrip() for name in forward.helpers]
+    calls = fused_helpers.extension_calls(forward.helpers, EXTENSION_FUNCTIONS)
+    if uses_launch_config(forward):
+        parts.append(
+            f"# Kernel launch configuration{tuned}; every norm_forward call below uses it.\n"
+            f"THREADS = {_config_text(threads)}\n"
+            f"BLOCKS_PER_ROW = {_config_text(blocks_per_row)}")
+    functions = {**fused_helpers.SUPPORT, **fused_helpers.HELPERS}
+    helper_sources = [inspect.getsource(functions[name]).rstrip() for name in carried]
     parts.append("\n\n\n".join(helper_sources))
     parts.append(class_text.rstrip())
     parts.append((extension_code if extension_code is not None
-                  else kernel_block(device_type, kernel_sources)).rstrip())
+                  else kernel_block(device_type, kernel_sources, calls)).rstrip())
     return "\n\n\n".join(p for p in parts if p) + "\n"

@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 
 from fastnorm.solve.fused_helpers import HELPERS
-from fastnorm.solve.recognize import AttrRef
+from fastnorm.solve.norm_match import AttrRef
 
 
 @dataclass

@@ -23,9 +23,13 @@ from fastnorm.solve.trace import TracedModel, TensorInfo, trace_problem
 from fastnorm.solve.tune import Trial, tune
 
 SUPPORTED = (
-    "nn.LayerNorm / F.layer_norm (trailing dims, with or without weight and bias); "
-    "nn.RMSNorm / F.rms_norm; hand-written RMSNorm x / sqrt(mean(x**2, dim, keepdim=True) + eps) or "
-    "x * rsqrt(...) over any consecutive dims, optionally times a weight")
+    "nn.LayerNorm / F.layer_norm (trailing dims, with or without weight and bias); nn.RMSNorm / F.rms_norm; "
+    "nn.BatchNorm1d/2d/3d / F.batch_norm (training with running statistics, eval); nn.GroupNorm / F.group_norm; "
+    "nn.InstanceNorm1d/2d/3d / F.instance_norm; F.normalize (p 1 or 2); hand-written over any consecutive "
+    "dims: LayerNorm (x - mean) / sqrt(var(unbiased=False) + eps) or * rsqrt(...), optionally * weight + bias; "
+    "RMSNorm x / sqrt(mean(x**2, dim, keepdim=True) + eps) or x * rsqrt(...), optionally times a weight; "
+    "L1 / L2 / Frobenius x / mean(|x|), x / sum(|x|), x / torch.norm(x, p, dim, keepdim=True) (p 1, 2, 'fro'; "
+    "also Tensor.norm, torch.linalg.norm / vector_norm, sqrt(sum(x**2)), optionally clamp_min(eps))")
 
 
 class SolveFailed(Exception):
@@ -173,7 +177,8 @@ def solve(reference, output, *, device: Optional[str] = None, target_speedup: Op
         log(f"timing launch configurations on {device_label(device)}{target}:")
         best, trials, reference_ms = tune(module, model_new, reference_model, inputs, device,
                                           target_speedup=target_speedup, timer=time_callable,
-                                          trials=tune_trials, log=log)
+                                          trials=tune_trials, log=log,
+                                          launch_overrides=emit.uses_launch_config(plan.forward))
         del reference_model, model_new, inputs, module
         _release_memory(device)
         if best is None:

@@ -84,14 +84,15 @@ def _max_violation(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> 
 
 def tune(solution_module, model_new: torch.nn.Module, reference: torch.nn.Module, inputs: list,
          device: torch.device, *, target_speedup: Optional[float], timer: Callable, trials: int,
-         log: Callable = print):
-    """(best Trial or None, all Trials, reference ms). Sets solution_module.THREADS / BLOCKS_PER_ROW."""
+         log: Callable = print, launch_overrides: bool = True):
+    """(best Trial or None, all Trials, reference ms). Sets solution_module.THREADS / BLOCKS_PER_ROW.
+    launch_overrides=False (the solution's kernels take none): auto only, timed once."""
     with torch.no_grad():
         expected = reference(*inputs)
         reference_ms = timer(lambda: reference(*inputs), device=device, trials=trials).median_ms
         log(f"reference Model: {reference_ms:.4g} ms (median of {trials})")
         results = []
-        for threads, blocks_per_row in candidate_configs(device.type):
+        for threads, blocks_per_row in candidate_configs(device.type) if launch_overrides else [(0, 0)]:
             trial = Trial(threads, blocks_per_row)
             results.append(trial)
             solution_module.THREADS, solution_module.BLOCKS_PER_ROW = threads, blocks_per_row
