@@ -391,7 +391,9 @@ def load_inline_call(source: str) -> dict:
 
 @pytest.mark.parametrize("forward,init,functions,launch_config", [
     ("self.bn(x)", "self.bn = nn.BatchNorm2d(5)", ["batch_norm_forward"], False),
-    ("self.inorm(x)", "self.inorm = nn.InstanceNorm2d(5)", ["group_norm_forward", "batch_norm_forward"], False),
+    # InstanceNorm without parameters: the LayerNorm kernel (norm_forward), the family's otherwise
+    ("self.inorm(x)", "self.inorm = nn.InstanceNorm2d(5)",
+     ["norm_forward", "group_norm_forward", "batch_norm_forward"], True),
     ("x / torch.norm(x, p='fro')", "", ["p_normalize"], False),
     ("self.ln(F.group_norm(x, 5))", "self.ln = nn.LayerNorm(9)", ["norm_forward", "group_norm_forward"], True),
 ])
