@@ -61,6 +61,12 @@ HAS_TORCH_RMS_NORM = hasattr(F, "rms_norm")
 needs_torch_rms_norm = pytest.mark.skipif(not HAS_TORCH_RMS_NORM, reason="nn.RMSNorm / F.rms_norm: torch >= 2.4")
 
 
+def needs_torch_rms_norm_for(*texts):
+    """pytest marks for a case whose code (problem text, forward, init) uses torch's RMSNorm."""
+    uses = any(s in t for t in texts for s in ("nn.RMSNorm", "F.rms_norm", "torch.rms_norm"))
+    return [needs_torch_rms_norm] if uses else []
+
+
 def rms_norm_definition(x, normalized_shape, weight=None, eps=None):
     """F.rms_norm written out (computed in x's dtype, eps None = finfo(x.dtype).eps), for any torch."""
     eps = torch.finfo(x.dtype).eps if eps is None else eps

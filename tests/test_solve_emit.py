@@ -26,7 +26,7 @@ def imported_modules(source: str) -> set:
     return found
 
 
-@pytest.mark.parametrize("problem", SUPPORTED_PROBLEMS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("problem", SUPPORTED_PROBLEMS)
 def test_solution_imports_only_torch_and_the_standard_library(problem, tmp_path):
     plan = plan_solution(problem)
     source = plan.render("cpu", kernel_sources=("// cpp\n", None))
@@ -38,7 +38,7 @@ def test_solution_imports_only_torch_and_the_standard_library(problem, tmp_path)
     assert not functions & {"get_inputs", "get_init_inputs"}
 
 
-@pytest.mark.parametrize("problem", SUPPORTED_PROBLEMS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("problem", SUPPORTED_PROBLEMS)
 def test_model_new_has_the_reference_constructor(problem, tmp_path):
     plan = plan_solution(problem)
     solution = import_file(emit_with_stub(plan, tmp_path))

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 import torch
 
+from conftest import needs_torch_rms_norm, needs_torch_rms_norm_for
 from fastnorm.solve import UnsupportedProblem, plan_solution
 from test_solve_support import (MAIN_PROBLEMS_DIR, PROBLEMS_DIR, check_solution_matches_reference, emit_with_stub,
                                 write_problem)
@@ -55,7 +56,8 @@ def test_every_supported_problem_file_has_expectations():
     assert files == set(PROBLEM_EXPECTATIONS)
 
 
-@pytest.mark.parametrize("name", sorted(PROBLEM_EXPECTATIONS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=needs_torch_rms_norm_for((PROBLEMS_DIR / n).read_text()))
+                                  for n in sorted(PROBLEM_EXPECTATIONS)])
 def test_problem_file_recognized_and_equivalent(name, tmp_path):
     kind, begin, end, weight, bias, eps, helper = PROBLEM_EXPECTATIONS[name]
     plan = solve_and_check(tmp_path, PROBLEMS_DIR / name)
@@ -183,7 +185,7 @@ def test_weight_computed_from_the_input_is_not_fused(tmp_path):
 # Library spellings
 
 
-@pytest.mark.parametrize("init,forward,expected", [
+LIBRARY_NORM_CASES = [
     ("self.weight = nn.Parameter(torch.randn(9))", "F.rms_norm(x, (9,), self.weight, self.eps)",
      ("RMSNorm", "fused_rms_norm", 3, 4, True, False)),
     ("", "torch.layer_norm(x, [7, 9])", ("LayerNorm", "fused_layer_norm", 2, 4, False, False)),
@@ -191,7 +193,11 @@ def test_weight_computed_from_the_input_is_not_fused(tmp_path):
     ("self.ln = nn.LayerNorm(9, bias=False)", "self.ln(x)", ("LayerNorm", "fused_layer_norm", 3, 4, True, False)),
     ("self.rms = nn.RMSNorm([7, 9], elementwise_affine=False)", "self.rms(x)",
      ("RMSNorm", "fused_rms_norm", 2, 4, False, False)),
-])
+]
+
+
+@pytest.mark.parametrize("init,forward,expected", [pytest.param(*case, marks=needs_torch_rms_norm_for(*case[:2]))
+                                                   for case in LIBRARY_NORM_CASES])
 def test_library_norms(init, forward, expected, tmp_path):
     plan = solve_and_check(tmp_path, write_problem(tmp_path, forward, init=init))
     m = only_match(plan)
@@ -260,6 +266,7 @@ def test_not_a_problem_file(tmp_path):
         plan_solution(path)
 
 
+@needs_torch_rms_norm
 def test_norms_inside_containers_and_custom_submodules(tmp_path):
     problem = tmp_path / "problem.py"
     problem.write_text(textwrap.dedent('''\
