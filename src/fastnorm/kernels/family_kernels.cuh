@@ -77,6 +77,15 @@ static inline Workspace<A> workspace_of(const FamilyParams& p, const Plan& pl) {
   return ws;
 }
 
+// Elements of a range starting at p before a 16-byte boundary (at most len): its scalar head, the
+// rest loads as vectors. Rows of odd length (65535) start misaligned three times in four.
+template <typename T>
+__device__ __forceinline__ int64_t head_elements(const T* p, int64_t len) {
+  const int64_t misaligned = int64_t(reinterpret_cast<uintptr_t>(p) & 15);
+  const int64_t head = misaligned == 0 ? 0 : (16 - misaligned) / int64_t(sizeof(T));
+  return head < len ? head : len;
+}
+
 // One thread's sums: deviations from the piece's first value (mean / variance), or |x| / x^2.
 template <typename A, int kStat>
 struct ThreadSums {
@@ -116,20 +125,17 @@ __global__ void __launch_bounds__(kThreads) piece_stats_kernel(FamilyParams p, P
     const int64_t len = min(pl.chunk, p.run_len - lo);
     const T* src = base + j * p.run_stride + lo;
     shift = to_acc(src[0]);
-    int64_t done = 0;
-    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-      const int64_t vecs = len / V;
-      const Vec<T, V>* vsrc = reinterpret_cast<const Vec<T, V>*>(src);
-      for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
-        const Vec<T, V> v = load_vec<false>(vsrc + i);  // kept in L2 for the output pass
-        A a[V];
-        widen(v.v, a);
+    const int64_t head = head_elements(src, len), vecs = (len - head) / V;
+    for (int64_t i = threadIdx.x; i < head; i += kThreads) t.add(to_acc(src[i]), shift);
+    const Vec<T, V>* vsrc = reinterpret_cast<const Vec<T, V>*>(src + head);
+    for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
+      const Vec<T, V> v = load_vec<false>(vsrc + i);  // kept in L2 for the output pass
+      A a[V];
+      widen(v.v, a);
 #pragma unroll
-        for (int e = 0; e < V; ++e) t.add(a[e], shift);
-      }
-      done = vecs * V;
+      for (int e = 0; e < V; ++e) t.add(a[e], shift);
     }
-    for (int64_t i = done + threadIdx.x; i < len; i += kThreads) t.add(to_acc(src[i]), shift);
+    for (int64_t i = head + vecs * V + threadIdx.x; i < len; i += kThreads) t.add(to_acc(src[i]), shift);
   } else {  // whole short runs [j0, j1): element e of the piece is run j0 + e / run_len
     const int64_t j0 = q * pl.runs_per_piece;
     const int64_t j1 = min(p.runs, j0 + pl.runs_per_piece);
@@ -230,7 +236,7 @@ __device__ __forceinline__ T apply_one(T x, A center, A scale, A offset) {
 }
 
 // y = (x - center) * scale + offset over rows of at least kLongRow elements: block b is piece
-// b % per_row of row b / per_row, vectors where the piece starts 16-byte aligned.
+// b % per_row of row b / per_row.
 constexpr int64_t kLongRow = 2048;
 
 template <typename T>
@@ -244,20 +250,21 @@ __global__ void __launch_bounds__(kThreads) apply_rows_kernel(FamilyParams p, co
   const A center = k[0], scale = k[1], offset = k[2];
   const T* x = static_cast<const T*>(p.x) + r * p.row_len + lo;
   T* y = static_cast<T*>(p.y) + r * p.row_len + lo;
-  int64_t done = 0;
-  if (((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) & 15) == 0) {
-    const int64_t vecs = len / V;
-    for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
-      const Vec<T, V> v = load_vec<true>(reinterpret_cast<const Vec<T, V>*>(x) + i);
-      A a[V];
-      widen(v.v, a);
+  // Vectors where x and y sit at the same offset from a 16-byte boundary (a scalar head first).
+  const bool together = ((reinterpret_cast<uintptr_t>(x) ^ reinterpret_cast<uintptr_t>(y)) & 15) == 0;
+  const int64_t head = together ? head_elements(x, len) : len, vecs = (len - head) / V;
+  for (int64_t i = threadIdx.x; i < head; i += kThreads) y[i] = apply_one(x[i], center, scale, offset);
+  const Vec<T, V>* vx = reinterpret_cast<const Vec<T, V>*>(x + head);
+  Vec<T, V>* vy = reinterpret_cast<Vec<T, V>*>(y + head);
+  for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
+    const Vec<T, V> v = load_vec<true>(vx + i);
+    A a[V];
+    widen(v.v, a);
 #pragma unroll
-      for (int e = 0; e < V; ++e) a[e] = fma(a[e] - center, scale, offset);
-      store_vec(reinterpret_cast<Vec<T, V>*>(y) + i, pack<T>(a));
-    }
-    done = vecs * V;
+    for (int e = 0; e < V; ++e) a[e] = fma(a[e] - center, scale, offset);
+    store_vec(vy + i, pack<T>(a));
   }
-  for (int64_t i = done + threadIdx.x; i < len; i += kThreads) y[i] = apply_one(x[i], center, scale, offset);
+  for (int64_t i = head + vecs * V + threadIdx.x; i < len; i += kThreads) y[i] = apply_one(x[i], center, scale, offset);
 }
 
 // The same for short rows, one element at a time over the whole tensor.
