@@ -56,6 +56,19 @@ def run_sanitize(args):
             x = torch.randn(shape, device="cuda", dtype=dtype)
             fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
             fastnorm.layer_norm(x, None, torch.rand(shape[1], device="cuda", dtype=dtype), None, dim=1)
+        # The family: statistics pieces of one long run, grouped short runs, misaligned starts; both
+        # output passes (long rows in vectors after a scalar head, short rows element by element).
+        for shape, groups in [((2, 6, 3001), 3), ((3, 4, 5), 2), ((2, 8, 70001), 1)]:
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            w = torch.rand(shape[1], device="cuda", dtype=dtype)
+            ext.group_norm_forward(x, w, w, groups, 1e-5)
+            ext.batch_norm_forward(x, w, None, None, None, 1e-5)
+            ext.group_norm_forward(torch.randn(x.numel() + 1, device="cuda", dtype=dtype)[1:].view(shape), None, None,
+                                   groups, 1e-5)
+        for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3)]:
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            ext.p_normalize(x, 1.0, begin, end, 0.0, True)
+            ext.p_normalize(x, 2.0, begin, end, 1e-12, False)
     torch.cuda.synchronize()
     print("sanitize: all paths ran")
 
