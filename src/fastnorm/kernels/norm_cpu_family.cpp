@@ -157,6 +157,29 @@ struct Partial {
   }
 };
 
+// Runs and rows shorter than this are summed / written element by element in one loop (a call per
+// run costs more than the run).
+constexpr int64_t kShortRun = 16;
+
+// Sums of runs [j0, j1) of len < kShortRun elements, `stride` apart, in double (as RunSums).
+template <class T>
+RunSums short_runs_sums(const T* base, int64_t j0, int64_t j1, int64_t stride, int64_t len, int stat) {
+  const double center = stat == FN_STAT_MEAN_VAR ? static_cast<double>(base[j0 * stride]) : 0.0;
+  double sq = 0.0, lin = 0.0;
+  for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t e = 0; e < len; ++e) {
+      const double v = static_cast<double>(base[j * stride + e]);
+      if (stat == FN_STAT_MEAN_VAR) {
+        sq += (v - center) * (v - center);
+        lin += v - center;
+      } else {
+        sq += stat == FN_STAT_ABS_SUM ? std::fabs(v) : v * v;
+      }
+    }
+  }
+  return {center, sq, lin};
+}
+
 // Pieces of a set: a long run is cut into kChunk pieces; short runs are grouped, kChunk elements
 // (at least one run) a piece.
 struct Pieces {
@@ -183,8 +206,12 @@ struct Pieces {
       part.add_run(ops.sums(base + j * p.run_stride + lo, len), len, mean_var);
       return part;
     }
-    const int64_t j1 = std::min(p.runs, (q + 1) * runs_per_piece);
-    for (int64_t j = q * runs_per_piece; j < j1; ++j) part.add_run(ops.sums(base + j * p.run_stride, p.run_len), p.run_len, mean_var);
+    const int64_t j0 = q * runs_per_piece, j1 = std::min(p.runs, j0 + runs_per_piece);
+    if (p.run_len < kShortRun) {  // BatchNorm1d's (N, C): one sum over the piece, not a call per element
+      part.add_run(short_runs_sums(base, j0, j1, p.run_stride, p.run_len, p.stat), (j1 - j0) * p.run_len, mean_var);
+      return part;
+    }
+    for (int64_t j = j0; j < j1; ++j) part.add_run(ops.sums(base + j * p.run_stride, p.run_len), p.run_len, mean_var);
     return part;
   }
 };
@@ -272,6 +299,15 @@ const char* family_forward(const FamilyParams& p) {
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   const int64_t rows = p.numel / p.row_len, per_row = ceil_div(p.row_len, kChunk);
+  if (p.row_len < kShortRun) {  // short rows: one loop over consecutive elements, no call per row
+    at::parallel_for(0, p.numel, kParallelMinWork, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const Coeff& k = coeffs[(i / p.row_len) % p.coeffs];
+        y[i] = static_cast<T>((static_cast<double>(x[i]) - k.center) * k.scale + k.offset);
+      }
+    });
+    return nullptr;
+  }
   const int64_t grain = std::max<int64_t>(1, kParallelMinWork / std::min(p.row_len, kChunk));
   at::parallel_for(0, rows * per_row, grain, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
