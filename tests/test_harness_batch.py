@@ -129,17 +129,28 @@ def test_interrupt_leaves_valid_jsonl_and_nothing_running_then_resume_finishes(t
                "--jobs", "2", "--jsonl", str(jsonl), "--trials", "2", "--perf-trials", "3", "--warmup", "1"]
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get(
         "PYTHONPATH", "")])}
-    proc = subprocess.Popen(command + ["--timeout", "300"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    # Output to files, not pipes: what is judged is the evaluator's own exit, not when every inheritor of
+    # its pipes has closed them.
+    out_path, err_path = tmp_path / "eval.out", tmp_path / "eval.err"
+    with open(out_path, "w") as out, open(err_path, "w") as err_file:
+        proc = subprocess.Popen(command + ["--timeout", "300"], env=env, stdout=out, stderr=err_file, text=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if jsonl.exists() and jsonl.read_text().count("\n") >= 2:
             break
         time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()
+    assert proc.poll() is None, err_path.read_text()
     assert processes_mentioning(str(tmp_path))  # workers are running (hangs.py at least)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:  # say what was still running, for whoever reads the CI log
+        tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,stat,etime,args"], capture_output=True, text=True).stdout
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"fastnorm eval did not stop within 120 s of SIGINT\nits stderr:\n{err_path.read_text()[-3000:]}"
+                    f"\nprocesses:\n{tree[-6000:]}")
+    err = err_path.read_text()
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert no_processes_left(str(tmp_path), 5.0) == []
