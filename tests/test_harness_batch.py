@@ -129,11 +129,13 @@ def test_interrupt_leaves_valid_jsonl_and_nothing_running_then_resume_finishes(t
                "--jobs", "2", "--jsonl", str(jsonl), "--trials", "2", "--perf-trials", "3", "--warmup", "1"]
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get(
         "PYTHONPATH", "")])}
-    # Output to files, not pipes: what is judged is the evaluator's own exit, not when every inheritor of
-    # its pipes has closed them.
+    # Output to files, not pipes: what is judged is the evaluator's own exit.
     out_path, err_path = tmp_path / "eval.out", tmp_path / "eval.err"
     with open(out_path, "w") as out, open(err_path, "w") as err_file:
-        proc = subprocess.Popen(command + ["--timeout", "300"], env=env, stdout=out, stderr=err_file, text=True)
+        # SIGINT back to its default in the child: a runner started in the background (`cmd &` in a script)
+        # ignores SIGINT, Python then installs no KeyboardInterrupt, and the evaluator would never see it.
+        proc = subprocess.Popen(command + ["--timeout", "300"], env=env, stdout=out, stderr=err_file, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if jsonl.exists() and jsonl.read_text().count("\n") >= 2:
