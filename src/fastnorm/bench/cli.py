@@ -6,17 +6,19 @@ weight read, its gradients written) over the device's measured copy bandwidth. `
 forward (default), the backward alone or both (a training step's norm).
 Prints progress and a table (the sweep's rows also worst first), writes a JSON document and, with
 matplotlib (`pip install "fastnorm[plot]"`), PNG charts of % of copy per row and against row length.
-`--chart-from` draws them again from a JSON.
+`--chart-from` draws them again from a JSON. `--baseline` compares fastnorm's times with a committed JSON
+(exit 1 where a row got slower), `--compare` does so for two JSONs without running anything.
 """
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from fastnorm.bench import chart, family_suite, model_suite, modes, ranking, report, suites
+from fastnorm.bench import baseline, chart, family_suite, model_suite, modes, ranking, report, suites
 from fastnorm.bench.cases import OPS
 from fastnorm.bench.runner import Runner, TimingPlan
 from fastnorm.bench.table import fmt_bytes, format_table
@@ -41,6 +43,17 @@ def _choices(allowed, aliases=None):
             raise argparse.ArgumentTypeError(f"unknown {', '.join(bad)} (choose from {', '.join(allowed)})")
         return [aliases[n] for n in names]
     return parse
+
+
+def _tolerance(text: str) -> float:
+    """argparse type for --baseline-tolerance: a fraction (0.05) or a percentage (5%)."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction >= 0 (e.g. 0.05 or 5%)")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,6 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chart-from", type=Path, metavar="JSON",
                    help="run nothing: draw the charts of this bench JSON (to --chart, default beside it)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument("--baseline", type=Path, metavar="JSON",
+                   help="compare fastnorm's median in each row with the same row of this bench JSON (same "
+                        "--mode; e.g. benchmarks/results/h100-train.json): rows more than --baseline-tolerance "
+                        "slower are listed worst first and the exit status is 1")
+    p.add_argument("--baseline-tolerance", type=_tolerance, default=baseline.DEFAULT_TOLERANCE,
+                   metavar="FRACTION", help=f"how much slower than the baseline a row may be (default "
+                                            f"{baseline.DEFAULT_TOLERANCE:g}; 5%% also works)")
+    p.add_argument("--compare", type=Path, metavar="JSON",
+                   help="run nothing: compare this bench JSON (the new one) with --baseline JSON")
     return p
 
 
@@ -119,6 +141,44 @@ def chart_from(json_path: Path, chart_path) -> int:
     if written:
         log(f"wrote {' and '.join(str(p) for p in written)}")
     return 0 if written else 1
+
+
+def compare_files(new_path: Path, old_path: Path, tolerance: float, markdown: bool) -> int:
+    """--compare: two JSONs written earlier (other versions, other GPUs), nothing run. A new JSON with
+    FAILED rows exits 1 as its run did, regressions or not."""
+    try:
+        old, new = baseline.load(old_path), baseline.load(new_path)
+        comparison = baseline.compare(new, old, tolerance, path=old_path)
+    except baseline.BaselineError as exc:
+        log(f"fastnorm bench --compare: {exc}")
+        return 2
+    log(f"new: {new_path} (fastnorm {new.get('fastnorm_commit') or '?'}, {new.get('device') or '?'}, "
+        f"torch {new.get('torch') or '?'})")
+    log(comparison.format(markdown))
+    failed = [baseline.row_label(r) for r in new["rows"] if r.get("status") == "failed"]
+    if failed:
+        log(f"FAILED checks in {new_path}: {', '.join(failed)}")
+    return 1 if failed else comparison.status
+
+
+def load_baseline(args, device: torch.device):
+    """--baseline, read and checked against this run's settings before anything runs: (document,
+    None), or (None, exit status) after saying why it cannot be compared."""
+    own = [s for s in args.suite or [] if s in OWN_TABLE_SUITES]
+    if own:
+        log(f"fastnorm bench: --baseline compares norm rows; --suite {', '.join(own)} has rows of its own")
+        return None, 2
+    try:
+        doc = baseline.load(args.baseline)
+        planned = {"mode": args.mode, "device": report.device_name(device),
+                   "settings": {"timing": args.timing, "flush_l2": args.flush_l2}}
+        warnings = baseline.check_compatible(planned, doc)
+    except baseline.BaselineError as exc:
+        log(f"fastnorm bench --baseline: {exc}")
+        return None, 2
+    for warning in warnings:  # now, not only after a long run
+        log(f"warning: {warning}")
+    return doc, None
 
 
 def run_model_suite(device: torch.device, args, use_compile: bool) -> int:
@@ -166,12 +226,24 @@ OWN_TABLE_SUITES = {"model": run_model_suite, "family": run_family_suite}
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.compare is not None and args.baseline is None:
+        parser.error("--compare NEW.json needs --baseline OLD.json")
+    if args.chart_from is not None and args.baseline is not None:
+        parser.error("--chart-from draws charts only; it takes no --baseline or --compare")
     if args.chart_from is not None:
         return chart_from(args.chart_from, args.chart)
+    if args.compare is not None:
+        return compare_files(args.compare, args.baseline, args.baseline_tolerance, args.markdown)
     device = resolve_device(args.device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
+    base_doc = None
+    if args.baseline is not None:
+        base_doc, status = load_baseline(args, device)
+        if base_doc is None:
+            return status
     use_compile = device.type == "cuda" if args.use_compile is None else args.use_compile
     base = PLANS[(device.type, args.quick)]
     max_trials = args.trials or base.max_trials
@@ -218,6 +290,11 @@ def main(argv=None) -> int:
     doc = report.document(rows, device=device, copy_bw=copy_bw, command=["fastnorm", "bench", *argv],
                           settings=settings, mode=args.mode)
     doc["elapsed_s"] = round(time.perf_counter() - started, 1)
+    comparison = None
+    if base_doc is not None:
+        comparison = baseline.compare(doc, base_doc, args.baseline_tolerance, path=args.baseline)
+        doc["baseline"] = comparison.to_json()
+        log("\n" + comparison.format(args.markdown))
     stem = f"bench-{report.slug(name)}" + ("" if args.mode == "fwd" else f"-{args.mode}")
     json_path = args.json or Path("benchmarks/results") / f"{stem}.json"
     chart_path = args.chart or json_path.with_suffix(".png")
@@ -230,7 +307,8 @@ def main(argv=None) -> int:
         log(f"skipped: {'; '.join(skipped)}")
     if failed:
         log(f"FAILED checks: {', '.join(failed)}")
-    return 1 if failed else 0
+    # A failed check is the worse news: it keeps exit 1 whatever the comparison says.
+    return 1 if failed else (comparison.status if comparison else 0)
 
 
 if __name__ == "__main__":
