@@ -261,6 +261,48 @@ def test_seed_layer_norm_shape_trains():
         assert_close(name, g, r, torch.float32)
 
 
+# Channel layouts (shape, begin, end) through the fused tile kernel's plans (n <= 32 at 32 lanes, 64 at 16,
+# 128 at 8; inner not a multiple of the vector: scalar columns; a few inner positions: narrow tiles)
+# and past them (n = 200: the two-kernel path); the last needs several tiles per block.
+CHANNEL_LAYOUTS = [
+    ((4, 64, 33, 64), 1, 2), ((2, 100, 16, 20), 1, 2), ((3, 7, 5, 9), 1, 2), ((2, 3, 1000), 1, 2),
+    ((2, 200, 8, 16), 1, 2), ((5, 40, 3), 1, 2), ((2, 8, 6, 4, 4), 1, 3), ((16, 64, 64, 64), 1, 2),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("layout", CHANNEL_LAYOUTS, ids=lambda l: f"{'x'.join(map(str, l[0]))}-d{l[1]}")
+@pytest.mark.parametrize("path", ["planned", "two-kernel", "k2", "k1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+def test_channel_backward_paths(monkeypatch, layout, path, dtype):
+    """Every channel backward path (FASTNORM_CHANNEL_BWD: 0 the two-kernel path, 2 / 1 the fused kernel
+    with at most that many channels a thread) against float64, LayerNorm and RMSNorm, x + 100 included."""
+    if path != "planned":
+        monkeypatch.setenv("FASTNORM_CHANNEL_BWD", {"two-kernel": "0", "k2": "2", "k1": "1"}[path])
+    shape, begin, end = layout
+    for rms in (False, True):
+        run_case("cuda", shape, begin, end, dtype, affine=True, rms=rms)
+    if dtype == torch.float32:
+        run_case("cuda", shape, begin, end, dtype, affine=True, rms=False, offset=100.0)
+        run_case("cuda", shape, begin, end, dtype, affine=False, rms=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_channel_backward_is_reproducible_and_matches_two_kernels(monkeypatch):
+    shape = (8, 64, 40, 40)
+    x, dy = torch.randn(shape, device="cuda"), torch.randn(shape, device="cuda")
+    w, b = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
+    first = fastnorm_grads(x, dy, 1, 2, w, b, 1e-5, False)
+    again = fastnorm_grads(x, dy, 1, 2, w, b, 1e-5, False)
+    assert all(torch.equal(a, b_) for a, b_ in zip(first, again))
+    monkeypatch.setenv("FASTNORM_CHANNEL_BWD", "0")
+    other = fastnorm_grads(x, dy, 1, 2, w, b, 1e-5, False)
+    for a, b_ in zip(first, other):
+        torch.testing.assert_close(a, b_, rtol=1e-4, atol=1e-4)
+
+
 def test_bad_gradient_gets_a_clear_error():
     from fastnorm.ops import extension
 

@@ -2,6 +2,7 @@
 inputs (sanitize, for compute-sanitizer), one call from the command line (repro), and a few cases
 between cudaProfilerStart/Stop (profile, for `ncu --profile-from-start off`)."""
 import argparse
+import os
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +70,19 @@ def run_sanitize(args):
             x = torch.randn(shape, device="cuda", dtype=dtype)
             ext.p_normalize(x, 1.0, begin, end, 0.0, True)
             ext.p_normalize(x, 2.0, begin, end, 1e-12, False)
+        # Backward: fused rows (vector, scalar), long rows, the channel tile kernel (several K, scalar
+        # columns) and, past its n or forced by FASTNORM_CHANNEL_BWD=0, the two channel kernels.
+        for shape, dim in [((7, 1024), 1), ((5, 33), 1), ((3, 20000), 1), ((2, 64, 33, 64), 1), ((2, 100, 16, 20), 1),
+                           ((3, 7, 5, 9), 1), ((2, 200, 8, 16), 1)]:
+            for force in ("", "0"):
+                os.environ["FASTNORM_CHANNEL_BWD"] = force
+                x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+                w = torch.rand(shape[dim], device="cuda", dtype=dtype, requires_grad=True)
+                y = fastnorm.layer_norm(x, None, w, w, dim=dim) if len(shape) > 2 else fastnorm.layer_norm(x, shape[-1:], w, w)
+                y.backward(torch.randn_like(y))
+                y = fastnorm.rms_norm(x, None, w, 1e-5, dim=dim) if len(shape) > 2 else fastnorm.rms_norm(x, shape[-1:], w)
+                y.backward(torch.randn_like(y))
+        os.environ.pop("FASTNORM_CHANNEL_BWD", None)
     torch.cuda.synchronize()
     print("sanitize: all paths ran")
 

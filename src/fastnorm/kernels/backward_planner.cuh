@@ -1,7 +1,8 @@
 // The backward planner: which kernels take a backward call (see norm_backward_params.h).
 //
 //   layout      call                                                   kernels (file)
-//   inner > 1   any                                                    channel_backward_* (backward_channel.cuh)
+//   inner > 1   a column tile of all n channels in a block's registers     channel_backward_tile (backward_channel.cuh)
+//               more channels                                          channel_backward_coeffs / _apply (same file)
 //   inner == 1  rows a block holds (<= 1024 threads x 8 elements, x     row_backward (backward_rows.cuh)
 //               and dy of its rows in <= 200 KB of shared memory)
 //               longer rows                                            long_backward_* (backward_long_rows.cuh)
@@ -66,9 +67,14 @@ static inline const char* backward_rows(const NormBackwardParams& p, cudaStream_
 template <typename T, typename W, int VEC>
 static inline const char* backward_channel(const NormBackwardParams& p, cudaStream_t stream, int64_t* workspace_bytes) {
   using A = typename AccOf<T>::type;
-  const BackwardScratch<A> s(p, channel_backward_workspace(p), p.outer);
-  return run_backward<A, W>(p, s, stream, workspace_bytes,
-                            [&] { return launch_channel_backward<T, W, VEC>(p, s.dw_part, s.db_part, stream); });
+  constexpr int kTileVec = kChannelTileVec<VEC>;
+  const ChannelTilePlan plan = plan_channel_tile<T, W, kTileVec>(p);
+  const bool fused = plan.k > 0;
+  const BackwardScratch<A> s(p, fused ? 0 : channel_backward_workspace(p), fused ? plan.grid : p.outer);
+  return run_backward<A, W>(p, s, stream, workspace_bytes, [&] {
+    return fused ? launch_channel_tile<T, W, kTileVec>(p, plan, s.dw_part, s.db_part, stream)
+                 : launch_channel_backward<T, W, VEC>(p, s.dw_part, s.db_part, stream);
+  });
 }
 
 template <typename T, typename W>
