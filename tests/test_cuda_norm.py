@@ -80,7 +80,8 @@ def params(n_shape, dtype, affine, seed):
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 4096), (8, 4097),
               (4, 12288), (2, 65536), (3, 100003), (1, 262144), (33, 8192), (130, 2048),
-              (150, 65536), (40, 262152), (140, 50001), (600, 24584)]  # the last four: cluster rows
+              (150, 65536), (40, 262152), (140, 50001), (600, 24584),  # these four: cluster rows
+              (300, 257), (1000, 3), (200, 1023), (2000, 513), (140, 33)]  # scalar rows: the warp-row kernel
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,6 +96,22 @@ def test_last_dim(shape, dtype, rms):
         b = None if rms else b
         out = run_op(x, x.dim() - 1, x.dim(), w, b, 1e-5, rms)
         check(out, reference(x, x.dim() - 1, x.dim(), w, b, 1e-5, rms), dtype, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 32, 100, 256, 1000, 1024])
+@pytest.mark.parametrize("rms", [False, True])
+def test_misaligned_rows_of_any_length(n, dtype, rms):
+    """Row starts off a 16-byte boundary (x a view one element into its storage, rows n + 3 apart): the
+    warp-row kernel for n <= 1024, with many rows (past the few-rows kernel) and every parameter case."""
+    base = make((400, n + 3), dtype, "randn", seed=n)
+    x = base[:, 1:n + 1]
+    for w, b in [params((n,), dtype, True, n), (None, None)]:
+        out = run_op(x, 1, 2, w, None if rms else b, 1e-5, rms)
+        check(out, reference(x, 1, 2, w, None if rms else b, 1e-5, rms), dtype, x)
+    if dtype == torch.float32 and not rms:
+        x = (base + 1000.0)[:, 1:n + 1]
+        check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -31,7 +31,7 @@ def run_sanitize(args):
 
     ext = extension.load("cuda")
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
-        for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000)]:  # row kernel (vector and scalar), split rows
+        for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257)]:  # row kernel (vector, scalar), split, warp rows
             x = torch.randn(shape, device="cuda", dtype=dtype)
             w = torch.rand(shape[-1], device="cuda", dtype=dtype)
             fastnorm.layer_norm(x, shape[-1:], w, w)
@@ -50,6 +50,9 @@ def run_sanitize(args):
             fastnorm.layer_norm(big, big.shape[-1:], wb, wb)
             fastnorm.rms_norm(big, big.shape[-1:], wb)
             del big, wb
+        x = torch.randn(300, 1025, device="cuda", dtype=dtype)[:, 1:]  # misaligned rows: the warp-row kernel
+        fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
+        fastnorm.rms_norm(x[:, :1023], (1023,), None)
         ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
         # More slices than the chip holds with a cache: the split kernel without one.
         ext.norm_forward(torch.randn(3, 50000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)

@@ -7,6 +7,7 @@
 //                       4 MB+ rows, fewer than SMs, not resident          stream_* (streamed_kernels.cuh)
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
 //                       fewer rows than SMs, at most 1024 vectors         few_rows (few_rows_kernel.cuh)
+//                       scalar rows (odd n, misaligned) of <= 1024        warp_rows (warp_rows_kernel.cuh)
 //                       longer rows than a block caches, or few of them   split_slice / split_row_norm (split_kernels.cuh)
 //                       everything else (rows of up to 96 KB)             row_norm (row_kernel.cuh)
 //   with a residual     last-dim rows of up to 1024 x 16 elements         residual_row (residual_rows.cuh)
@@ -37,6 +38,7 @@
 #include "residual_rows.cuh"
 #include "split_kernels.cuh"
 #include "streamed_kernels.cuh"
+#include "warp_rows_kernel.cuh"
 
 namespace fastnorm {
 
@@ -164,6 +166,7 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
   const int g = cluster_plan(p, dev, VEC);
   if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
   if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) return launch_few_rows<T, W, VEC>(p, stream);
+  if (warp_rows_take(p, VEC)) return launch_warp_rows<T, W>(p, stream);
   const RowPlan plan = plan_rows<T, W, VEC>(p);
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms};

@@ -5,6 +5,8 @@
 // the statistics meet in warp shuffles, with no shared memory and no block barrier. The row kernel's
 // scalar path, one element per shared-memory copy, ran these rows at 36% of copy (H100).
 #pragma once
+#include <cstdlib>
+
 #include "cuda_rows.cuh"
 
 namespace fastnorm {
@@ -73,8 +75,11 @@ __global__ void __launch_bounds__(kWarpRowThreads) warp_rows_kernel(RowArgs<T, W
 }
 
 // Whether the warp-row kernel takes a last-dim call of VEC-wide accesses: scalar rows (VEC 1) of at
-// most 1024 elements, no launch override.
+// most 1024 elements, no launch override. FASTNORM_WARP_ROWS=0 (read at each call, for A/B runs)
+// leaves them to the row kernel.
 static inline bool warp_rows_take(const NormParams& p, int vec) {
+  const char* env = std::getenv("FASTNORM_WARP_ROWS");
+  if (env && env[0] == '0') return false;
   return vec == 1 && p.n >= 1 && p.n <= 32 * kWarpRowMaxK && p.threads <= 0 && p.blocks_per_row <= 0;
 }
 
