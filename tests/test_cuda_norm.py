@@ -81,7 +81,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 4096), (8, 4097),
               (4, 12288), (2, 65536), (3, 100003), (1, 262144), (33, 8192), (130, 2048),
               (150, 65536), (40, 262152), (140, 50001), (600, 24584),  # these four: cluster rows
-              (300, 257), (1000, 3), (200, 1023), (2000, 513), (140, 33)]  # scalar rows: the warp-row kernel
+              (300, 257), (1000, 3), (200, 1023), (2000, 513), (140, 33),  # scalar rows: the warp-row kernel
+              (5000, 1), (3001, 5), (999, 17), (700, 31)]  # many tiny rows: the row kernel
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -103,7 +104,7 @@ def test_last_dim(shape, dtype, rms):
 @pytest.mark.parametrize("rms", [False, True])
 def test_misaligned_rows_of_any_length(n, dtype, rms):
     """Row starts off a 16-byte boundary (x a view one element into its storage, rows n + 3 apart): the
-    warp-row kernel for n <= 1024, with many rows (past the few-rows kernel) and every parameter case."""
+    warp-row kernel for 32 <= n <= 1024, with many rows (past the few-rows kernel) and every parameter case."""
     base = make((400, n + 3), dtype, "randn", seed=n)
     x = base[:, 1:n + 1]
     for w, b in [params((n,), dtype, True, n), (None, None)]:

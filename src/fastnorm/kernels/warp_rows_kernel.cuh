@@ -1,4 +1,4 @@
-// The warp-row kernel: last-dim rows of at most 1024 elements that cannot take 16-byte vectors (odd n,
+// The warp-row kernel: last-dim rows of 32 to 1024 elements that cannot take 16-byte vectors (odd n,
 // row starts off a 16-byte boundary: 100000x257, x[:, 1:]). A warp per row, the row in registers:
 // lane l holds elements l, l + 32, ... (each load instruction of the warp reads consecutive
 // elements, so plain scalar loads coalesce), all of its loads in flight before the first use, and
@@ -74,13 +74,15 @@ __global__ void __launch_bounds__(kWarpRowThreads) warp_rows_kernel(RowArgs<T, W
   }
 }
 
-// Whether the warp-row kernel takes a last-dim call of VEC-wide accesses: scalar rows (VEC 1) of at
-// most 1024 elements, no launch override. FASTNORM_WARP_ROWS=0 (read at each call, for A/B runs)
+// Whether the warp-row kernel takes a last-dim call of VEC-wide accesses: scalar rows (VEC 1) of 32
+// to 1024 elements, no launch override. Shorter rows would leave lanes idle: 1000000x1 bf16 ran 93 us
+// here against the row kernel's 13 (H100); several rows a warp with the lane count a kernel argument
+// slowed every other row 1.1-2.4x (index math), so they stay with the row kernel. FASTNORM_WARP_ROWS=0 (read at each call, for A/B runs)
 // leaves them to the row kernel.
 static inline bool warp_rows_take(const NormParams& p, int vec) {
   const char* env = std::getenv("FASTNORM_WARP_ROWS");
   if (env && env[0] == '0') return false;
-  return vec == 1 && p.n >= 1 && p.n <= 32 * kWarpRowMaxK && p.threads <= 0 && p.blocks_per_row <= 0;
+  return vec == 1 && p.n >= 32 && p.n <= 32 * kWarpRowMaxK && p.threads <= 0 && p.blocks_per_row <= 0;
 }
 
 template <typename T, typename W, int K>
