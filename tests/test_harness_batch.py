@@ -120,6 +120,19 @@ def test_worker_gets_its_slots_environment(tmp_path):
     assert out.read_text() == "3"
 
 
+def test_worker_builds_in_its_own_extensions_dir_unless_given_one(tmp_path):
+    """fastnorm solve hands eval the directory it built its candidate in (the same hashed name): no rebuild."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nopen(os.environ['PROBE_OUT'], 'w').write(os.environ['TORCH_EXTENSIONS_DIR'])\n"
+                     "class ModelNew:\n    pass\n")
+    out, shared = tmp_path / "seen.txt", tmp_path / "shared_extensions"
+    config = {"mode": "import", "candidate": str(probe), "class_name": "ModelNew"}
+    for given, expected in ((None, tmp_path / "w" / "torch_extensions"), (str(shared), shared)):
+        outcome = run_worker(config, tmp_path / "w", 120, env={"PROBE_OUT": str(out)}, extensions_dir=given)
+        assert outcome.result["verdict"] == "ok", outcome.log_tail
+        assert out.read_text() == str(expected) and expected.is_dir()
+
+
 def test_interrupt_leaves_valid_jsonl_and_nothing_running_then_resume_finishes(tmp_path):
     """SIGINT while a candidate hangs: exit 130, whole JSON lines, no process left. --resume then runs only
     the candidates without a line and keeps the earlier lines as they were."""

@@ -3,8 +3,8 @@
 NEEDS the kernels' group_norm_forward, batch_norm_forward and p_normalize in the binding (the lead's half
 of issue 21, FAMILY_CONTRACT.md): without them the inline build fails and so do these tests.
 
-One model holds every family member, so one inline build serves the solve (and `fastnorm eval` builds it
-once more in its own directory): about two minutes on 2 cores the first time.
+One model holds every family member, so one inline build (of the kernels it calls) serves the solve and
+`fastnorm eval`: about a minute on 2 cores the first time.
 """
 import textwrap
 

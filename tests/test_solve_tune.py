@@ -64,6 +64,16 @@ def test_kernels_without_launch_overrides_are_timed_once_at_auto():
     assert best.ms == 5.0
 
 
+def test_only_the_configurations_given_are_timed():
+    """The solver passes the grid pruned to launches its build can make (kernel_needs.tune_configs)."""
+    module = types.SimpleNamespace(THREADS=-1, BLOCKS_PER_ROW=-1)
+    solution = FakeSolution(module, {(0, 0): 5.0, (64, 0): 4.0, (128, 8): 1.0})
+    best, trials, _ = tuning.tune(module, solution, lambda x: x * 2, [torch.randn(4, 8)], torch.device("cuda"),
+                                  target_speedup=None, timer=solution.timer, trials=3, log=lambda _: None,
+                                  configs=[(0, 0), (64, 0)])
+    assert [(t.threads, t.blocks_per_row) for t in trials] == [(0, 0), (64, 0)] and best.ms == 4.0
+
+
 def test_candidates_start_with_auto_and_are_distinct():
     for device_type in ("cuda", "cpu"):
         configs = tuning.candidate_configs(device_type)

@@ -30,7 +30,7 @@ def evaluate(reference, candidates, *, device: str | None = None, trials: int = 
              warmup: int = 3, atol: float | None = None, rtol: float | None = None, timeout: float = 600.0,
              compile_baseline: bool = False, class_name: str = "ModelNew", seed: int = 42, jobs: int | None = None,
              build_jobs: int | None = None, jsonl=None, resume: bool = False, ray=None, floor_check: bool = True,
-             scrub_freed_memory: bool = True, keep_temp: bool = False,
+             scrub_freed_memory: bool = True, keep_temp: bool = False, extensions_dir: str | None = None,
              progress: Callable[[str], None] | None = None) -> EvalReport:
     """Build, verify and time KernelBench-style candidates against a reference problem file.
 
@@ -45,13 +45,16 @@ def evaluate(reference, candidates, *, device: str | None = None, trials: int = 
     results and skip their candidates. ray: run on a Ray cluster instead - an address, or True / "local" for
     a local instance (needs `pip install fastnorm[ray]`).
     scrub_freed_memory=False disables one defence (only to demonstrate that it matters).
+    extensions_dir: build (and find built) the candidates' load_inline extensions there instead of in a
+    directory of each candidate's own; only for candidates whose extension names cannot clash (fastnorm
+    solve's, named by a hash of their sources, verified after it built them there). Local pool only.
     Raises EvaluationError when the reference itself cannot be loaded, run or timed.
     """
     batch = evaluate_batch([(reference, candidates)], device=device, trials=trials, perf_trials=perf_trials,
                            warmup=warmup, atol=atol, rtol=rtol, timeout=timeout, compile_baseline=compile_baseline,
                            class_name=class_name, seed=seed, jobs=jobs, build_jobs=build_jobs, jsonl=jsonl,
                            resume=resume, ray=ray, floor_check=floor_check, scrub_freed_memory=scrub_freed_memory,
-                           keep_temp=keep_temp, progress=progress, strict=True)
+                           keep_temp=keep_temp, extensions_dir=extensions_dir, progress=progress, strict=True)
     return batch.reports[0]
 
 
@@ -60,7 +63,8 @@ def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf
                    compile_baseline: bool = False, class_name: str = "ModelNew", seed: int = 42,
                    jobs: int | None = None, build_jobs: int | None = None, jsonl=None, resume: bool = False,
                    ray=None, floor_check: bool = True, scrub_freed_memory: bool = True, keep_temp: bool = False,
-                   progress: Callable[[str], None] | None = None, strict: bool = False) -> BatchReport:
+                   extensions_dir: str | None = None, progress: Callable[[str], None] | None = None,
+                   strict: bool = False) -> BatchReport:
     """evaluate() over several problems at once: problems is [(reference, candidates), ...] (see
     manifest.read_manifest). A reference that cannot be measured is reported in BatchReport.errors and its
     candidates are not run (strict=True raises EvaluationError instead)."""
@@ -71,6 +75,8 @@ def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf
         raise ValueError("resume needs the JSON Lines file of the earlier run (jsonl=PATH, --jsonl PATH)")
     if build_jobs is not None and build_jobs < 0:
         raise ValueError("--build-jobs must be >= 0")
+    if extensions_dir is not None and ray is not None and ray is not False:
+        raise ValueError("extensions_dir is for the local pool: Ray tasks build on their own nodes")
     settings = {"class_name": class_name, "trials": trials, "perf_trials": perf_trials, "warmup": warmup,
                 "atol": atol, "rtol": rtol, "seed": seed, "compile_baseline": compile_baseline,
                 "scrub_freed_memory": scrub_freed_memory}
@@ -100,7 +106,8 @@ def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf
             if build_jobs is None:  # opt-in until the build pool has run on a GPU (it has only on CPU)
                 build_jobs = 0
             pool = LocalPool(slots, build_jobs=build_jobs, timeout=timeout, floor_check=floor_check, root=root,
-                             keep_temp=keep_temp, baseline_timeout=timeout * (2 if compile_baseline else 1))
+                             keep_temp=keep_temp, baseline_timeout=timeout * (2 if compile_baseline else 1),
+                             extensions_dir=extensions_dir)
             places = [s.where for s in slots]
             where = (f"{places[0]} x{len(places)}" if len(set(places)) == 1 and len(places) > 1 else ", ".join(places))
             where += f"; {build_jobs} builds at a time" if build_jobs else ""

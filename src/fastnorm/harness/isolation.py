@@ -36,9 +36,10 @@ class ChildOutcome:
 
 
 def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None = None,
-               stop: threading.Event | None = None) -> ChildOutcome:
+               stop: threading.Event | None = None, extensions_dir: str | None = None) -> ChildOutcome:
     """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s or as
-    soon as `stop` is set. env: variables to set for it (CUDA_VISIBLE_DEVICES pins it to one GPU)."""
+    soon as `stop` is set. env: variables to set for it (CUDA_VISIBLE_DEVICES pins it to one GPU).
+    extensions_dir: the TORCH_EXTENSIONS_DIR to build in instead of one of the worker's own."""
     workdir.mkdir(parents=True, exist_ok=True)
     paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log"}
     for path in paths.values():
@@ -52,8 +53,10 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
     env["PYTHONPATH"] = os.pathsep.join([str(_PACKAGE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault leaves a Python traceback in the log
-    ext_dir = workdir / "torch_extensions"  # per candidate: clashing load_inline names must not share builds
-    ext_dir.mkdir(exist_ok=True)
+    # Per candidate: clashing load_inline names must not share builds. A caller that vouches for its
+    # candidates' names (fastnorm solve: a hash of the sources) may name a shared one, whose builds it made.
+    ext_dir = Path(extensions_dir) if extensions_dir else workdir / "torch_extensions"
+    ext_dir.mkdir(parents=True, exist_ok=True)
     env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
 
     t0 = time.monotonic()

@@ -78,8 +78,9 @@ def plan_slots(device: str | None, jobs: int | None) -> list[Slot]:
 
 class LocalPool:
     def __init__(self, slots: list[Slot], *, build_jobs: int, timeout: float, floor_check: bool, root: Path,
-                 keep_temp: bool = False, baseline_timeout: float | None = None):
+                 keep_temp: bool = False, baseline_timeout: float | None = None, extensions_dir: str | None = None):
         self.slots, self.build_jobs, self.timeout, self.floor_check = slots, build_jobs, timeout, floor_check
+        self.extensions_dir = extensions_dir  # candidates' TORCH_EXTENSIONS_DIR; None: one per candidate
         self.baseline_timeout = baseline_timeout or timeout
         self.root, self.keep_temp = root, keep_temp
         pinned = [s.gpu for s in slots if "CUDA_VISIBLE_DEVICES" in s.env]
@@ -167,7 +168,8 @@ class LocalPool:
             return
         config = {**job.problem.config, "mode": "import", "candidate": str(job.candidate),
                   "device": self.slots[0].device}
-        outcome = run_worker(config, self._workdir(job), self.timeout, env=self.build_env, stop=self.stop)
+        outcome = run_worker(config, self._workdir(job), self.timeout, env=self.build_env, stop=self.stop,
+                             extensions_dir=self.extensions_dir)
         if outcome.cancelled:
             return
         if import_succeeded(outcome):
@@ -187,7 +189,8 @@ class LocalPool:
             return
         config = {**job.problem.config, "mode": "candidate", "candidate": str(job.candidate),
                   "device": baseline.device}
-        outcome = run_worker(config, self._workdir(job), self.timeout, env=slot.env, stop=self.stop)
+        outcome = run_worker(config, self._workdir(job), self.timeout, env=slot.env, stop=self.stop,
+                             extensions_dir=self.extensions_dir)
         if outcome.cancelled:
             return
         result = result_from(str(job.candidate), outcome, self.timeout, baseline, self.floor_check)

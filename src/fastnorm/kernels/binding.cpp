@@ -2,7 +2,7 @@
 // validate what the kernels rely on, describe the call as NormParams / NormBackwardParams, run the
 // kernels. Compiled with FASTNORM_CUDA defined for the CUDA build. The Python module is module.cpp,
 // kept apart: its headers take most of a build's time, and these per-operator ATen headers little.
-#ifndef FASTNORM_INLINE  // load_inline's source starts with torch/extension.h, which has all of these
+#ifndef FASTNORM_INLINE  // the package's whole inline source starts with torch/extension.h, which has these
 #define TORCH_ASSERT_ONLY_METHOD_OPERATORS
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>

@@ -21,6 +21,7 @@
 // so results are bitwise the same for every thread count.
 #pragma once
 
+#include "kernel_set.h"
 #include "norm_params.h"
 
 // Everything the vector headers need besides themselves, included first so that it is compiled for
@@ -127,11 +128,19 @@ const char* dispatch_weight(int wdtype, bool affine, F& f) {
 template <class F>
 const char* dispatch_dtypes(int dtype, int wdtype, bool affine, F&& f) {
   switch (dtype) {
+#ifdef FASTNORM_WANT_F32
     case FN_F32: return dispatch_weight<float>(wdtype, affine, f);
+#endif
+#ifdef FASTNORM_WANT_F64
     case FN_F64: return dispatch_weight<double>(wdtype, affine, f);
+#endif
+#ifdef FASTNORM_WANT_F16
     case FN_F16: return dispatch_weight<c10::Half>(wdtype, affine, f);
+#endif
+#ifdef FASTNORM_WANT_BF16
     case FN_BF16: return dispatch_weight<c10::BFloat16>(wdtype, affine, f);
-    default: return "fastnorm CPU kernels: unsupported input dtype";
+#endif
+    default: return fastnorm_dtype_not_built(dtype, "fastnorm CPU kernels: unsupported input dtype");
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 #include "family_kernels.cuh"
+#include "kernel_set.h"
 
 int64_t fastnorm_cuda_family_workspace_bytes(const FamilyParams& p) {
   if (p.numel == 0) return 0;
@@ -21,10 +22,18 @@ const char* fastnorm_cuda_family(const FamilyParams& p, void* stream) {
   }
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
+#ifdef FASTNORM_WANT_F32
     case FN_F32: return run_family_stat<float>(p, s);
+#endif
+#ifdef FASTNORM_WANT_F64
     case FN_F64: return run_family_stat<double>(p, s);
+#endif
+#ifdef FASTNORM_WANT_F16
     case FN_F16: return run_family_stat<__half>(p, s);
+#endif
+#ifdef FASTNORM_WANT_BF16
     case FN_BF16: return run_family_stat<__nv_bfloat16>(p, s);
-    default: return "fastnorm_cuda_family: unsupported dtype";
+#endif
+    default: return fastnorm_dtype_not_built(p.dtype, "fastnorm_cuda_family: unsupported dtype");
   }
 }

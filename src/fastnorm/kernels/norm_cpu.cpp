@@ -7,6 +7,7 @@
 // NormParams' threads / blocks_per_row / workspace are CUDA tuning knobs and are ignored here.
 #include "norm_params.h"
 #include "cpu_vec.h"
+#include "kernel_set.h"
 
 namespace {
 
@@ -179,8 +180,12 @@ void forward_channels(const NormParams& p) {
 
 template <class TX, class TW, bool kRms, bool kW, bool kB>
 void forward_layout(const NormParams& p) {
+#ifdef FASTNORM_WANT_ROW
   if (p.inner == 1) forward_rows<TX, TW, kRms, kW, kB>(p);
-  else forward_channels<TX, TW, kRms, kW, kB>(p);
+#endif
+#ifdef FASTNORM_WANT_CHANNEL
+  if (p.inner != 1) forward_channels<TX, TW, kRms, kW, kB>(p);
+#endif
 }
 
 template <class TX, class TW>
@@ -214,5 +219,11 @@ const char* fastnorm_cpu_forward(const NormParams& p) {
   if (p.outer == 0 || p.n == 0 || p.inner == 0) return nullptr;
   if (!p.x || !p.y) return "fastnorm_cpu_forward: null x or y";
   if (p.rms && p.bias) return "fastnorm_cpu_forward: RMSNorm takes no bias";
+#ifndef FASTNORM_WANT_ROW
+  if (p.inner == 1) return FASTNORM_NOT_BUILT;
+#endif
+#ifndef FASTNORM_WANT_CHANNEL
+  if (p.inner != 1) return FASTNORM_NOT_BUILT;
+#endif
   return fastnorm_cpu::simd_available() ? forward_simd(p) : forward_scalar_any(p);
 }

@@ -12,6 +12,7 @@
 
 #include "cpu_vec.h"
 #include "family_params.h"
+#include "kernel_set.h"
 
 namespace {
 
@@ -329,10 +330,18 @@ const char* fastnorm_cpu_family(const FamilyParams& p) {
     return "fastnorm_cpu_family: inconsistent parameters";
   }
   switch (p.dtype) {
+#ifdef FASTNORM_WANT_F32
     case FN_F32: return family_forward<float>(p);
+#endif
+#ifdef FASTNORM_WANT_F64
     case FN_F64: return family_forward<double>(p);
+#endif
+#ifdef FASTNORM_WANT_F16
     case FN_F16: return family_forward<c10::Half>(p);
+#endif
+#ifdef FASTNORM_WANT_BF16
     case FN_BF16: return family_forward<c10::BFloat16>(p);
-    default: return "fastnorm_cpu_family: unsupported dtype";
+#endif
+    default: return fastnorm_dtype_not_built(p.dtype, "fastnorm_cpu_family: unsupported dtype");
   }
 }

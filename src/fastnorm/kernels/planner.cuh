@@ -13,6 +13,9 @@
 //   with a residual     last-dim rows of up to 1024 x 16 elements         residual_row (residual_rows.cuh)
 //                       (anything else: not fused, the caller adds first)
 //
+// A build may hold only some families (kernel_set.h): a rule whose family is left out is skipped, and a
+// call no family of the build takes answers FASTNORM_NOT_BUILT.
+//
 // Each kernel file holds the kernel, the rule of when it takes a call where that rule is its own,
 // its launch configuration and its launcher. Shared device code: cuda_vec.cuh (types, conversions,
 // loads and stores), cuda_stats.cuh (statistics, reductions, the normalize step), cuda_rows.cuh
@@ -33,6 +36,7 @@
 #include "channel_kernels.cuh"
 #include "cluster_kernel.cuh"
 #include "few_rows_kernel.cuh"
+#include "kernel_set.h"
 #include "resident_kernel.cuh"
 #include "row_kernel.cuh"
 #include "residual_rows.cuh"
@@ -100,24 +104,31 @@ struct RowPlan {
   bool more_blocks;   // row kernel: the 4-blocks-an-SM budget (kCachedRowBlocks)
 };
 
+// The plan of a call no family of the build takes: g == 0.
 template <typename T, typename W, int VEC>
 static inline RowPlan plan_rows(const NormParams& p) {
   using V = Vec<T, VEC>;
   const Device dev = device_info();
   const int64_t nvec = p.n / VEC;
+#if defined(FASTNORM_WANT_SPLIT) || defined(FASTNORM_WANT_SPLIT_UNCACHED)
   int64_t g = wanted_blocks_per_row(p, dev.sms);
   if (g > 1 && dev.coop) {
-    static bool smem_allowed = false;
-    if (!smem_allowed) allow_smem(split_slice_kernel<T, W, VEC>), smem_allowed = true;
     const int threads = split_threads(p);
     int64_t slice = (nvec + g - 1) / g;
     size_t smem = size_t(slice) * sizeof(V);
     if (int64_t(smem) > kMaxSmem) smem = 0;
     int per_sm = 0;
+#ifdef FASTNORM_WANT_SPLIT
+    static bool smem_allowed = false;
+    if (!smem_allowed) allow_smem(split_slice_kernel<T, W, VEC>), smem_allowed = true;
     if (smem) cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_slice_kernel<T, W, VEC>, threads, smem);
+#endif
     if (int64_t(per_sm) * dev.sms < g) {  // too many slices to be resident: no cache, read x twice
       smem = 0;
+      per_sm = 0;
+#ifdef FASTNORM_WANT_SPLIT_UNCACHED
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, split_row_norm_kernel<T, W, VEC>, threads, 0);
+#endif
     }
     const int64_t resident = int64_t(per_sm) * dev.sms;
     if (resident >= 1) {
@@ -127,6 +138,8 @@ static inline RowPlan plan_rows(const NormParams& p) {
       return RowPlan{threads, threads, int(g), int(slots), int(slots * g), smem ? slice : 0, smem, false};
     }
   }
+#endif
+#ifdef FASTNORM_WANT_ROW
   // Vectors per thread: 4 (H100: best of 2, 4, 8 on rows of 2-32 KB, fp32 and bf16); a call with
   // fewer rows than SMs is latency-bound: one vector per thread (up to 512 threads), so each
   // thread waits for one round of loads, not several.
@@ -153,25 +166,41 @@ static inline RowPlan plan_rows(const NormParams& p) {
   const int64_t cap = int64_t(dev.sms) * 256;
   return RowPlan{tpr, threads, 1, 0, int(blocks < cap ? blocks : cap), cache_vec,
                  size_t(cache_vec ? cache_bytes : 0), more_blocks};
+#else
+  return RowPlan{};
+#endif
 }
 
 template <typename T, typename W, int VEC>
 static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) {
-  const Device dev = device_info();
+  [[maybe_unused]] const Device dev = device_info();  // unread in a build without the families whose rules read it
+#ifdef FASTNORM_WANT_RESIDENT
   if constexpr (VEC > 1) {
     const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);
     if (resident.k > 0) return launch_resident<T, W, VEC>(p, resident, stream);
   }
+#endif
+#ifdef FASTNORM_WANT_STREAMED
   if (streamed_rows(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
+#endif
+#ifdef FASTNORM_WANT_CLUSTER
   const int g = cluster_plan(p, dev, VEC);
   if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
+#endif
+#ifdef FASTNORM_WANT_FEW_ROWS
   if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) return launch_few_rows<T, W, VEC>(p, stream);
+#endif
+#ifdef FASTNORM_WANT_WARP_ROWS
   if (warp_rows_take(p, VEC)) return launch_warp_rows<T, W>(p, stream);
+#endif
+#if defined(FASTNORM_WANT_ROW) || defined(FASTNORM_WANT_SPLIT) || defined(FASTNORM_WANT_SPLIT_UNCACHED)
   const RowPlan plan = plan_rows<T, W, VEC>(p);
+  if (plan.g == 0) return FASTNORM_NOT_BUILT;
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms};
   if (plan.grid == 0) return nullptr;
   if (plan.g == 1) {
+#ifdef FASTNORM_WANT_ROW
     if (plan.cache_vec) {
       if constexpr (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>) {
         if (plan.more_blocks) row_norm_kernel<T, W, VEC, true, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
@@ -182,7 +211,9 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
     } else {
       row_norm_kernel<T, W, VEC, false><<<plan.grid, plan.threads, 0, stream>>>(a, 0);
     }
+#endif
   } else {
+#if defined(FASTNORM_WANT_SPLIT) || defined(FASTNORM_WANT_SPLIT_UNCACHED)
     using A = typename AccOf<T>::type;
     const int64_t need = int64_t(plan.slots) * 16 + int64_t(2) * plan.slots * plan.g * sizeof(Stats<A>);
     if (p.workspace == nullptr || p.workspace_bytes < need) return "split-row workspace missing or too small";
@@ -190,15 +221,25 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
                       static_cast<unsigned char*>(p.workspace) + int64_t(plan.slots) * 16};
     int g = plan.g, slots = plan.slots;
     void* args[] = {&a, &g, &slots, &ws};
-    const void* kernel = plan.cache_vec ? reinterpret_cast<const void*>(split_slice_kernel<T, W, VEC>)
-                                        : reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC>);
+    const void* kernel = nullptr;  // the plan only names a kernel of this build
+#ifdef FASTNORM_WANT_SPLIT
+    if (plan.cache_vec) kernel = reinterpret_cast<const void*>(split_slice_kernel<T, W, VEC>);
+#endif
+#ifdef FASTNORM_WANT_SPLIT_UNCACHED
+    if (!plan.cache_vec) kernel = reinterpret_cast<const void*>(split_row_norm_kernel<T, W, VEC>);
+#endif
     cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3(plan.grid), dim3(plan.threads), args, plan.smem, stream);
     if (err != cudaSuccess) return launch_result(err);
+#endif
   }
   const cudaError_t err = cudaGetLastError();
   return launch_result(err);
+#else
+  return FASTNORM_NOT_BUILT;
+#endif
 }
 
+#ifdef FASTNORM_WANT_RESIDUAL
 // Fused residual add: h of x's dtype or float32.
 template <typename T, typename W, int VEC>
 static inline const char* dispatch_residual(const NormParams& p, cudaStream_t stream) {
@@ -208,14 +249,23 @@ static inline const char* dispatch_residual(const NormParams& p, cudaStream_t st
   }
   return FASTNORM_RESIDUAL_NOT_FUSED;
 }
+#endif
 
 template <typename T, typename W>
 static inline const char* dispatch_layout(const NormParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
+#ifdef FASTNORM_WANT_RESIDUAL
   if (p.residual) return row_vec(p) > 1 ? dispatch_residual<T, W, kVec>(p, stream) : dispatch_residual<T, W, 1>(p, stream);
+#else
+  if (p.residual) return FASTNORM_RESIDUAL_NOT_FUSED;  // the caller adds first
+#endif
   if (p.inner == 1) return row_vec(p) > 1 ? launch_rows<T, W, kVec>(p, stream) : launch_rows<T, W, 1>(p, stream);
+#ifdef FASTNORM_WANT_CHANNEL
   const bool vec_ok = aligned16(p.x) && aligned16(p.y) && p.inner % kVec == 0 && p.x_outer_stride % kVec == 0;
   return vec_ok ? launch_strided<T, W, kVec>(p, stream) : launch_strided<T, W, 1>(p, stream);
+#else
+  return FASTNORM_NOT_BUILT;
+#endif
 }
 
 }  // namespace fastnorm

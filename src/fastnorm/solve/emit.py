@@ -14,13 +14,15 @@ import symtable
 import sys
 from typing import Optional
 
+from fastnorm.kernels.selection import FUNCTIONS, KernelSelection
 from fastnorm.solve import fused_helpers
 from fastnorm.solve.problem import ReferenceProblem, UnsupportedProblem
 from fastnorm.solve.rewrite import ForwardCode
 
 # The functions of the kernels' binding a solution can call (issue 21's contract for the last three); a
-# solution's load_inline builds those its helpers use (fused_helpers.extension_calls).
-EXTENSION_FUNCTIONS = ["norm_forward", "group_norm_forward", "batch_norm_forward", "p_normalize"]
+# solution's load_inline builds those its helpers use (fused_helpers.extension_calls), or those of its
+# KernelSelection.
+EXTENSION_FUNCTIONS = list(FUNCTIONS)
 # Compiler flags of the inline build. The sources #define what they need, so no -D flags here.
 CFLAGS = {"cpu": ["-O3", "-fopenmp"], "cuda": ["-O3"]}
 LDFLAGS = {"cpu": ["-fopenmp"], "cuda": []}
@@ -28,8 +30,9 @@ CUDA_CFLAGS = ["-O3", "--expt-relaxed-constexpr"]
 
 _PROBLEM_ONLY = {"get_inputs", "get_init_inputs"}
 # Module-level names of the solution file itself.
-RESERVED_NAMES = {"THREADS", "BLOCKS_PER_ROW", "_ext", "_CPP_SOURCE", "_CUDA_SOURCE", "load_inline", "ModelNew"} | set(
-    fused_helpers.HELPERS) | set(fused_helpers.SUPPORT)
+LOAD_OPTIONS = "_LOAD_OPTIONS"  # load_inline's keyword arguments that not every torch has
+RESERVED_NAMES = {"THREADS", "BLOCKS_PER_ROW", "_ext", "_CPP_SOURCE", "_CUDA_SOURCE", LOAD_OPTIONS, "load_inline",
+                  "inspect", "ModelNew"} | set(fused_helpers.HELPERS) | set(fused_helpers.SUPPORT)
 
 
 def _stdlib_modules() -> set:
@@ -234,24 +237,40 @@ def extension_name(device_type: str, cpp: str, cuda: Optional[str], functions=No
     return f"fastnorm_solution_{device_type}_{digest.hexdigest()[:16]}"
 
 
-def kernel_block(device_type: str, kernel_sources=None, functions=None) -> str:
+def kernel_block(device_type: str, kernel_sources=None, functions=None,
+                 selection: Optional[KernelSelection] = None) -> str:
     """Kernel source strings and the load_inline call that builds `_ext` from them, binding `functions`
-    (default: all of EXTENSION_FUNCTIONS)."""
+    (default: all of EXTENSION_FUNCTIONS). With a `selection`: its sources and functions only."""
+    from fastnorm.kernels import inline_sources
+
+    if selection is not None:
+        functions = selection.functions
+        kernel_sources = kernel_sources or inline_sources(device_type, selection)
     functions = list(functions or EXTENSION_FUNCTIONS)
     if kernel_sources is None:
-        from fastnorm.kernels import inline_sources
-
         kernel_sources = inline_sources(device_type)
     cpp, cuda = kernel_sources
     name = extension_name(device_type, cpp, cuda, functions)
-    lines = [
-        f"# ---- {device_type.upper()} kernels (fastnorm), all #includes inlined " + "-" * 40,
+    what = "only the code this solution calls" if selection is not None else "all #includes inlined"
+    lines = [f"# ---- {device_type.upper()} kernels (fastnorm), {what} " + "-" * 30]
+    if selection is not None:
+        lines += [f"# What the calls traced on the problem's inputs need: {selection.describe()}.",
+                  "# Another dtype, or a shape the planner gives another family, fails with \"not in this build\"."]
+    lines += [
         "",
         f"_CPP_SOURCE = {_string_literal(cpp)}",
         "",
     ]
     if cuda:
         lines += [f"_CUDA_SOURCE = {_string_literal(cuda)}", ""]
+    if selection is not None:
+        lines += [
+            "# The sources include the little of torch they use: load_inline's blanket torch/extension.h",
+            "# (and torch/types.h before CUDA sources), most of a build's time, stay out where it allows.",
+            f"{LOAD_OPTIONS} = {{'no_implicit_headers': True}} if 'no_implicit_headers' in "
+            "inspect.signature(load_inline).parameters else {}",
+            "",
+        ]
     lines += [
         "# Built on first import and cached by torch under TORCH_EXTENSIONS_DIR. The name carries a hash",
         "# of the sources and flags, so different kernels never reuse each other's build.",
@@ -266,7 +285,10 @@ def kernel_block(device_type: str, kernel_sources=None, functions=None) -> str:
         lines.append(f"    extra_cuda_cflags={CUDA_CFLAGS!r},")
     if LDFLAGS[device_type]:
         lines.append(f"    extra_ldflags={LDFLAGS[device_type]!r},")
-    lines += ["    verbose=False,", ")", ""]
+    lines.append("    verbose=False,")
+    if selection is not None:
+        lines.append(f"    **{LOAD_OPTIONS},")
+    lines += [")", ""]
     return "\n".join(lines)
 
 
@@ -285,8 +307,10 @@ def uses_launch_config(forward: ForwardCode) -> bool:
 
 def render_solution(problem: ReferenceProblem, forward: ForwardCode, matches: list, device_type: str, *,
                     threads: int = 0, blocks_per_row: int = 0, tuned_on: str = "",
-                    kernel_sources=None, extension_code: Optional[str] = None) -> str:
-    """The whole solution file. `extension_code` replaces the kernel block (tests use a stub)."""
+                    kernel_sources=None, extension_code: Optional[str] = None,
+                    selection: Optional[KernelSelection] = None) -> str:
+    """The whole solution file. `extension_code` replaces the kernel block (tests use a stub); `selection`:
+    the kernels it holds (default: every kernel of the functions its helpers call)."""
     reference_imports, reference_names = forward_globals(problem, forward)
     class_text = model_new_class(problem, forward)
     carried = fused_helpers.required(forward.helpers)
@@ -311,8 +335,9 @@ def render_solution(problem: ReferenceProblem, forward: ForwardCode, matches: li
         "Everything else in forward is the reference's own computation.\n"
         '"""')
     imports = []
-    for line in ["import torch"] + context_imports + reference_imports + [
-            "from torch.utils.cpp_extension import load_inline"]:
+    kernel_imports = (["import inspect"] if selection is not None and extension_code is None else []) + [
+        "from torch.utils.cpp_extension import load_inline"]
+    for line in ["import torch"] + context_imports + reference_imports + kernel_imports:
         if line.strip() not in imports:
             imports.append(line.strip())
 
@@ -330,5 +355,5 @@ def render_solution(problem: ReferenceProblem, forward: ForwardCode, matches: li
     parts.append("\n\n\n".join(helper_sources))
     parts.append(class_text.rstrip())
     parts.append((extension_code if extension_code is not None
-                  else kernel_block(device_type, kernel_sources, calls)).rstrip())
+                  else kernel_block(device_type, kernel_sources, calls, selection)).rstrip())
     return "\n\n\n".join(p for p in parts if p) + "\n"

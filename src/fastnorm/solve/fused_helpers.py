@@ -4,7 +4,8 @@ They are ordinary functions so they can be tested here; `fastnorm solve` copies 
 ones a solution uses into its file (with the private functions they call, see `required`), where
 `_ext` is the load_inline module and THREADS / BLOCKS_PER_ROW hold the launch configuration the
 solver chose. The rewritten graph calls them by identity, which is how the code generator knows where
-they are used. A solution builds only the functions of `_ext` its helpers call (extension_calls).
+they are used. A solution builds only the functions of `_ext` its helpers call (extension_calls); the
+solver narrows that to the calls they make on the traced shapes (extension_calls.py, kernel_needs.py).
 
 Each helper has the semantics of the PyTorch function or module it replaces, including the in-place
 update of running statistics (BatchNorm, InstanceNorm) that the kernels leave to the Python side.

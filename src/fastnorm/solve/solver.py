@@ -1,4 +1,5 @@
-"""`fastnorm solve` end to end: recognize, rewrite, emit, tune, verify with `fastnorm eval`, write.
+"""`fastnorm solve` end to end: recognize, rewrite, record the kernel calls on the traced shapes, emit
+the kernels they need, build once, tune, verify with `fastnorm eval` (on that build), write.
 
 Nothing is written to the output path unless `fastnorm eval` has found the final file correct.
 """
@@ -15,12 +16,14 @@ from typing import Callable, Optional
 
 import torch
 
-from fastnorm.solve import emit
+from fastnorm.solve import emit, fused_helpers, kernel_needs
+from fastnorm.solve.extension_calls import record_calls
+from fastnorm.solve.planner_rules import CudaDevice
 from fastnorm.solve.problem import ReferenceProblem, UnsupportedProblem, load_problem
 from fastnorm.solve.recognize import Recognition, recognize
 from fastnorm.solve.rewrite import ForwardCode, apply_matches, generate_forward
 from fastnorm.solve.trace import TracedModel, TensorInfo, trace_problem
-from fastnorm.solve.tune import Trial, tune
+from fastnorm.solve.tune import Trial, candidate_configs, tune
 
 SUPPORTED = (
     "nn.LayerNorm / F.layer_norm (trailing dims, with or without weight and bias); nn.RMSNorm / F.rms_norm; "
@@ -49,10 +52,11 @@ class Plan:
         return self.recognition.matches
 
     def render(self, device_type: str, *, threads: int = 0, blocks_per_row: int = 0, tuned_on: str = "",
-               kernel_sources=None, extension_code: Optional[str] = None) -> str:
+               kernel_sources=None, extension_code: Optional[str] = None, selection=None) -> str:
         return emit.render_solution(self.problem, self.forward, self.matches, device_type, threads=threads,
                                     blocks_per_row=blocks_per_row, tuned_on=tuned_on,
-                                    kernel_sources=kernel_sources, extension_code=extension_code)
+                                    kernel_sources=kernel_sources, extension_code=extension_code,
+                                    selection=selection)
 
 
 def plan_solution(reference) -> Plan:
@@ -157,40 +161,30 @@ def solve(reference, output, *, device: Optional[str] = None, target_speedup: Op
     for line in plan.forward.source.rstrip().splitlines():
         log("    " + line)
 
+    calls = _recorded_calls(plan, log)
+    dev = CudaDevice.of(device) if device.type == "cuda" else CudaDevice()
+    helpers_call = fused_helpers.extension_calls(plan.forward.helpers, emit.EXTENSION_FUNCTIONS)
+    selection = kernel_needs.selection_for(calls, device.type, dev, helpers_call)
     workdir = Path(tempfile.mkdtemp(prefix="fastnorm_solve_"))
     try:
         candidate = workdir / output.name
-        candidate.write_text(plan.render(device.type))
-        log(f"building the inline {device.type} extension (cached after the first build)...")
-        start = time.perf_counter()
-        module = import_solution(candidate)
-        log(f"  ready in {time.perf_counter() - start:.1f} s")
-
-        init = problem.init_inputs()
-        reference_model = problem.build_model(device).eval()
-        model_new = module.ModelNew(*init).to(device).eval()
-        model_new.load_state_dict(reference_model.state_dict())
-        inputs = problem.inputs(device)
-        from fastnorm.harness.timing import time_callable
-
-        target = f" until {target_speedup:g}x" if target_speedup else ""
-        log(f"timing launch configurations on {device_label(device)}{target}:")
-        best, trials, reference_ms = tune(module, model_new, reference_model, inputs, device,
-                                          target_speedup=target_speedup, timer=time_callable,
-                                          trials=tune_trials, log=log,
-                                          launch_overrides=emit.uses_launch_config(plan.forward))
-        del reference_model, model_new, inputs, module
-        _release_memory(device)
+        tuning = Tuning(plan, calls, dev, device, target_speedup, tune_trials, log)
+        best = tuning.run(candidate, selection)
+        if best is None and tuning.missed_kernels and selection != selection.widened():
+            log("  a call took a kernel family this build left out: rebuilding with every family")
+            selection = selection.widened()
+            best = tuning.run(candidate, selection)
+        trials, reference_ms = tuning.trials, tuning.reference_ms
         if best is None:
             raise SolveFailed("every launch configuration failed or gave wrong results:\n  " +
                               "\n  ".join(f"{t.label}: {t.error}" for t in trials))
         log(f"chosen: {best.label} ({best.ms:.4g} ms, {best.speedup:.2f}x in the tuning runs)")
 
         candidate.write_text(plan.render(device.type, threads=best.threads, blocks_per_row=best.blocks_per_row,
-                                         tuned_on=device_label(device)))
+                                         tuned_on=device_label(device), selection=selection))
         log(f"verifying with fastnorm eval ({eval_trials} correctness trials, {perf_trials} timing trials)...")
         verification = verify(problem.path, candidate, device=device, trials=eval_trials, perf_trials=perf_trials,
-                              log=log)
+                              log=log, extensions_dir=tuning.extensions_dir)
         if not verification.correct:
             raise SolveFailed(f"fastnorm eval rejected the solution: {verification.message}")
         log(f"verified: {verification.message}")
@@ -198,7 +192,7 @@ def solve(reference, output, *, device: Optional[str] = None, target_speedup: Op
         staging = output.with_name(f".{output.name}.partial")
         shutil.copyfile(candidate, staging)
         os.replace(staging, output)
-        log(f"wrote {output}")
+        log(f"wrote {output} ({output.stat().st_size / 1024:.1f} KB)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     speedup = verification.speedup
@@ -206,17 +200,83 @@ def solve(reference, output, *, device: Optional[str] = None, target_speedup: Op
     return SolveResult(output, plan, trials, best, reference_ms, verification, target_met)
 
 
+def _recorded_calls(plan: Plan, log: Callable[[str], None]) -> list:
+    """The extension calls of the plan's ModelNew on the traced shapes ([] if they cannot be recorded:
+    the build then holds every kernel of the functions its helpers call)."""
+    try:
+        calls = record_calls(plan)
+    except Exception as err:  # the reference's own code on the meta device, say
+        log(f"  note: could not record the kernel calls on the traced shapes ({type(err).__name__}: {err}); "
+            "building every kernel")
+        return []
+    log("kernel calls on the traced shapes:")
+    for call in calls:
+        log(f"  {call.describe()}")
+    return calls
+
+
+class Tuning:
+    """Build a solution with a kernel selection, then time its launch configurations (tune.py)."""
+
+    def __init__(self, plan: Plan, calls: list, dev: CudaDevice, device: torch.device,
+                 target_speedup: Optional[float], trials: int, log: Callable[[str], None]):
+        self.plan, self.calls, self.dev, self.device = plan, calls, dev, device
+        self.target_speedup, self.timed_runs, self.log = target_speedup, trials, log
+        self.trials, self.reference_ms = [], None
+        self.extensions_dir = None  # where the build landed: fastnorm eval finds it there
+
+    @property
+    def missed_kernels(self) -> bool:
+        """True when a configuration failed because its call took a family the build left out."""
+        return any(t.error and "not in this build" in t.error for t in self.trials)
+
+    def run(self, candidate: Path, selection) -> Optional[Trial]:
+        plan, device, log = self.plan, self.device, self.log
+        candidate.write_text(plan.render(device.type, selection=selection))
+        log(f"building the inline {device.type} extension ({selection.describe()}; cached after the first "
+            "build)...")
+        start = time.perf_counter()
+        module = import_solution(candidate)
+        log(f"  ready in {time.perf_counter() - start:.1f} s")
+        self.extensions_dir = str(Path(module._ext.__file__).parent.parent)
+
+        problem = plan.problem
+        reference_model = problem.build_model(device).eval()
+        model_new = module.ModelNew(*problem.init_inputs()).to(device).eval()
+        model_new.load_state_dict(reference_model.state_dict())
+        inputs = problem.inputs(device)
+        from fastnorm.harness.timing import time_callable
+
+        overrides = emit.uses_launch_config(plan.forward)
+        configs = kernel_needs.tune_configs(self.calls, selection, candidate_configs(device.type), self.dev)
+        count = len(configs) if overrides else 1
+        target = f" until {self.target_speedup:g}x" if self.target_speedup else ""
+        log(f"timing {count} launch configuration{'s' * (count > 1)} on {device_label(device)}{target}:")
+        best, self.trials, self.reference_ms = tune(module, model_new, reference_model, inputs, device,
+                                                    target_speedup=self.target_speedup, timer=time_callable,
+                                                    trials=self.timed_runs, log=log, launch_overrides=overrides,
+                                                    configs=configs)
+        del reference_model, model_new, inputs, module
+        _release_memory(device)
+        return best
+
+
 # ----------------------------------------------------------------------------------------------
 
 
 def verify_with_eval(reference_path: Path, candidate_path: Path, *, device: torch.device, trials: int,
-                     perf_trials: int, log: Callable[[str], None] = print) -> Verification:
-    """Run `fastnorm eval` (fastnorm.harness.evaluate) on the one candidate and read its verdict."""
+                     perf_trials: int, log: Callable[[str], None] = print,
+                     extensions_dir: Optional[str] = None) -> Verification:
+    """Run `fastnorm eval` (fastnorm.harness.evaluate) on the one candidate and read its verdict.
+    extensions_dir: where the solver built the candidate's extension, so that eval loads that build
+    (the candidate differs from the tuned file in THREADS / BLOCKS_PER_ROW only: the same sources, the
+    same hashed name) instead of compiling it again in a directory of its own."""
     from fastnorm.harness import EvaluationError, evaluate
 
     try:
         report = evaluate(str(reference_path), [str(candidate_path)], device=str(device), trials=trials,
-                          perf_trials=perf_trials, progress=lambda line: log(f"  eval: {line}"))
+                          perf_trials=perf_trials, extensions_dir=extensions_dir,
+                          progress=lambda line: log(f"  eval: {line}"))
     except EvaluationError as err:
         return Verification(False, f"the evaluator could not run the reference: {err}")
     result = report.results[0]

@@ -33,7 +33,9 @@ class Trial:
 
 
 def candidate_configs(device_type: str) -> list:
-    """(threads, blocks_per_row) pairs to try, auto first, most promising next."""
+    """(threads, blocks_per_row) pairs the kernels take, auto first, most promising next. The solver times
+    those of them that launch its traced calls differently on the kernels it built
+    (kernel_needs.tune_configs)."""
     if device_type == "cpu":
         # The CPU kernels size their OpenMP team and chunks themselves and ignore both overrides, so
         # timing overrides there would only pick noise.
@@ -84,15 +86,20 @@ def _max_violation(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> 
 
 def tune(solution_module, model_new: torch.nn.Module, reference: torch.nn.Module, inputs: list,
          device: torch.device, *, target_speedup: Optional[float], timer: Callable, trials: int,
-         log: Callable = print, launch_overrides: bool = True):
+         log: Callable = print, launch_overrides: bool = True, configs: Optional[list] = None):
     """(best Trial or None, all Trials, reference ms). Sets solution_module.THREADS / BLOCKS_PER_ROW.
+    configs: the (threads, blocks_per_row) pairs to try (default: candidate_configs of the device type).
     launch_overrides=False (the solution's kernels take none): auto only, timed once."""
+    if configs is None:
+        configs = candidate_configs(device.type)
+    if not launch_overrides:
+        configs = [(0, 0)]
     with torch.no_grad():
         expected = reference(*inputs)
         reference_ms = timer(lambda: reference(*inputs), device=device, trials=trials).median_ms
         log(f"reference Model: {reference_ms:.4g} ms (median of {trials})")
         results = []
-        for threads, blocks_per_row in candidate_configs(device.type) if launch_overrides else [(0, 0)]:
+        for threads, blocks_per_row in configs:
             trial = Trial(threads, blocks_per_row)
             results.append(trial)
             solution_module.THREADS, solution_module.BLOCKS_PER_ROW = threads, blocks_per_row

@@ -1,0 +1,38 @@
+// What a build compiles: every input dtype and every LayerNorm / RMSNorm kernel family, unless
+// FASTNORM_SELECTED_KERNELS says the FASTNORM_WANT_* macros were chosen for it. The package's own
+// build takes this default. A single-file solution (`fastnorm solve`) holds only what its traced calls
+// need: the solver resolves these guards in the text itself (kernels/conditionals.py), so the code it
+// leaves out is not in the file at all. Code a guard leaves out answers FASTNORM_NOT_BUILT.
+#pragma once
+#include "norm_params.h"  // FastnormDtype
+
+#ifndef FASTNORM_SELECTED_KERNELS
+// Input dtypes, each with the weight dtypes it takes (its own, float32 for the half types).
+#define FASTNORM_WANT_F32
+#define FASTNORM_WANT_F64
+#define FASTNORM_WANT_F16
+#define FASTNORM_WANT_BF16
+// Kernel families of norm_forward (planner.cuh); the CPU kernels have ROW and CHANNEL only.
+#define FASTNORM_WANT_ROW        // last-dim rows: row_kernel.cuh, norm_cpu.cpp forward_rows
+#define FASTNORM_WANT_FEW_ROWS   // few_rows_kernel.cuh
+#define FASTNORM_WANT_WARP_ROWS  // warp_rows_kernel.cuh (scalar rows of 32-1024 elements)
+#define FASTNORM_WANT_SPLIT      // split_kernels.cuh split_slice_kernel (slices cached in shared memory)
+#define FASTNORM_WANT_SPLIT_UNCACHED  // split_kernels.cuh split_row_norm_kernel (too many slices to cache)
+#define FASTNORM_WANT_CLUSTER    // cluster_kernel.cuh
+#define FASTNORM_WANT_RESIDENT   // resident_kernel.cuh
+#define FASTNORM_WANT_STREAMED   // streamed_kernels.cuh
+#define FASTNORM_WANT_CHANNEL    // a non-trailing axis: channel_kernels.cuh, norm_cpu.cpp forward_channels
+#define FASTNORM_WANT_RESIDUAL   // the fused residual add of add_norm_forward: residual_rows.cuh
+#endif
+
+// What a call answers when its dtype or kernel family was left out of the build (the solver looks for
+// "not in this build" to widen its selection).
+#define FASTNORM_NOT_BUILT                                                                   \
+  "kernels for this call are not in this build (a fastnorm solve solution holds only those of " \
+  "its traced dtypes and shapes)"
+
+// The answer of a dtype dispatch for a dtype it has no case for.
+static inline const char* fastnorm_dtype_not_built(int dtype, const char* unsupported) {
+  const bool known = dtype == FN_F32 || dtype == FN_F16 || dtype == FN_BF16 || dtype == FN_F64;
+  return known ? FASTNORM_NOT_BUILT : unsupported;
+}

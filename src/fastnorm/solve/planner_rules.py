@@ -1,0 +1,169 @@
+"""Which kernel family takes a norm_forward call: the rules of kernels/planner.cuh, mirrored in Python.
+
+The solver builds only the families its traced calls land on, so it must know them before it builds.
+The C++ planner stays the authority: where its choice depends on what only the driver knows
+(occupancy, cluster capacity), this mirror assumes the planner's usual outcome on the device (the
+kernel fits). If it is wrong, the built planner skips the missing family and the next one in its
+order takes the call, or the call answers "not in this build" and the solver rebuilds with every
+family (solver.py). Keep the constants and rules in step with the .cuh files named below.
+"""
+from dataclasses import dataclass
+
+from fastnorm.solve.extension_calls import ExtensionCall
+
+ROW_CACHE_BYTES = 96 << 10     # cuda_rows.cuh kRowCacheBytes
+SLICE_BYTES = 64 << 10         # cuda_rows.cuh kSliceBytes
+MAX_ROW_THREADS = 512          # cuda_rows.cuh kMaxRowThreads
+STREAM_ROW_BYTES = 4 << 20     # resident_kernel.cuh kStreamRowBytes
+RESIDENT_ROW_BYTES = 8 << 20   # resident_kernel.cuh kResidentRowBytes
+GROUPED_ROWS = 2               # resident_kernel.cuh kGroupedRows
+RESIDENT_THREADS = 1024        # resident_kernel.cuh kResidentThreads
+SPLIT_ROWS = 32                # planner.cuh kSplitRows
+CLUSTER_SLICE_BYTES = 64 << 10  # cluster_kernel.cuh kClusterSliceBytes
+MAX_CLUSTER = 8                # cluster_kernel.cuh kMaxCluster
+FEW_ROWS_THREADS = 1024        # few_rows_kernel.cuh kFewRowsThreads
+WARP_ROWS_MIN, WARP_ROWS_MAX = 32, 1024  # warp_rows_kernel.cuh warp_rows_take
+MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    """What the planner reads of the device (cuda_launch.cuh Device). The default is an H100 SXM."""
+    sms: int = 132
+    major: int = 9
+    coop: bool = True
+    smem_per_sm: int = 228 << 10
+
+    @classmethod
+    def of(cls, device) -> "CudaDevice":
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        return cls(props.multi_processor_count, props.major, True,
+                   getattr(props, "shared_memory_per_multiprocessor", cls.smem_per_sm))
+
+
+def elem_size(dtype: str) -> int:
+    return {"float64": 8, "float32": 4}.get(dtype, 2)
+
+
+def _pow2_at_least(v: int) -> int:
+    p = 1
+    while p < v and p < (1 << 30):
+        p <<= 1
+    return p
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def row_vec(call: ExtensionCall) -> int:
+    """planner.cuh row_vec, for contiguous inputs (fresh allocations are 16-byte aligned)."""
+    vec = 16 // elem_size(call.dtype)
+    return vec if call.n % vec == 0 else 1
+
+
+def threads_hint(threads: int, lo: int) -> int:
+    if threads <= 0:
+        return 0
+    t = lo
+    while t * 2 <= threads and t * 2 <= MAX_ROW_THREADS:
+        t *= 2
+    return t
+
+
+def wanted_blocks_per_row(call: ExtensionCall, dev: CudaDevice, blocks_per_row: int) -> int:
+    if blocks_per_row > 0:
+        return blocks_per_row
+    row_bytes = call.n * elem_size(call.dtype)
+    few_rows = call.outer < dev.sms
+    if row_bytes <= ROW_CACHE_BYTES and not (few_rows and row_bytes >= (64 << 10)):
+        return 1
+    g = _ceil(row_bytes, SLICE_BYTES)
+    if few_rows:
+        g = max(g, min(dev.sms * 2 // call.outer, row_bytes // (16 << 10)))
+    return g
+
+
+def _resident_takes(call: ExtensionCall, dev: CudaDevice, vec: int, blocks_per_row: int) -> bool:
+    """resident_kernel.cuh resident_groups and resident_plan (the kernel assumed to fit)."""
+    if not dev.coop or dev.sms > RESIDENT_THREADS or vec == 1 or blocks_per_row > 0:
+        return False
+    elem = elem_size(call.dtype)
+    row_bytes, max_k = call.n * elem, 8 if elem == 4 else 4
+    per_sm = RESIDENT_THREADS * max_k * vec
+    if row_bytes >= STREAM_ROW_BYTES and call.outer >= GROUPED_ROWS and call.n <= (dev.sms // 2) * per_sm:
+        groups = 2
+    elif row_bytes >= RESIDENT_ROW_BYTES and call.n <= dev.sms * per_sm:
+        groups = 1
+    else:
+        return False
+    k = _pow2_at_least(_ceil(call.n // vec, (dev.sms // groups) * RESIDENT_THREADS))
+    return k == 4 or (k == 8 and max_k >= 8) or (groups == 1 and k in (1, 2))
+
+
+def _cluster_blocks(call: ExtensionCall, dev: CudaDevice, threads: int, blocks_per_row: int) -> int:
+    if dev.major < 9 or blocks_per_row > 0 or threads > 0:
+        return 0
+    row_bytes = call.n * elem_size(call.dtype)
+    if row_bytes <= ROW_CACHE_BYTES:
+        return 0
+    g = 2
+    while g < MAX_CLUSTER and row_bytes > g * CLUSTER_SLICE_BYTES:
+        g *= 2
+    if _ceil(row_bytes, g) > CLUSTER_SLICE_BYTES or call.outer * g < dev.sms:
+        return 0
+    return g
+
+
+def _slices_cached(call: ExtensionCall, dev: CudaDevice, threads: int, g: int) -> bool:
+    """plan_rows: the split kernel caches its slices when the g blocks of a row can all be resident with
+    their slice in shared memory (per SM: at most 2048 threads, 32 blocks, its shared memory)."""
+    vec = row_vec(call)
+    smem = _ceil(call.n // vec, g) * vec * elem_size(call.dtype)
+    if smem > MAX_SMEM:
+        return False
+    per_sm = min(2048 // (threads_hint(threads, 32) or MAX_ROW_THREADS), 32, dev.smem_per_sm // (smem + 1024))
+    return per_sm * dev.sms >= g
+
+
+def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevice(), threads: int = 0,
+                blocks_per_row: int = 0) -> str:
+    """The family (kernels/selection.py FAMILIES) that takes a norm_forward call with these overrides."""
+    if call.inner != 1:
+        return "channel"
+    if device_type == "cpu":
+        return "row"
+    vec = row_vec(call)
+    row_bytes = call.n * elem_size(call.dtype)
+    if _resident_takes(call, dev, vec, blocks_per_row):
+        return "resident"
+    if (blocks_per_row <= 0 and row_bytes >= STREAM_ROW_BYTES and call.outer < dev.sms
+            and not (call.outer >= SPLIT_ROWS and row_bytes < RESIDENT_ROW_BYTES)):
+        return "streamed"
+    if _cluster_blocks(call, dev, threads, blocks_per_row) > 0:
+        return "cluster"
+    if call.outer < dev.sms and call.n // vec <= FEW_ROWS_THREADS and threads <= 0:
+        return "few_rows"
+    if vec == 1 and WARP_ROWS_MIN <= call.n <= WARP_ROWS_MAX and threads <= 0 and blocks_per_row <= 0:
+        return "warp_rows"
+    g = wanted_blocks_per_row(call, dev, blocks_per_row)
+    if g > 1 and dev.coop:
+        return "split" if _slices_cached(call, dev, threads, g) else "split_uncached"
+    return "row"
+
+
+def launch_key(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevice(), threads: int = 0,
+               blocks_per_row: int = 0) -> tuple:
+    """What a launch of the call depends on: overrides giving the same key launch the same kernels."""
+    family = norm_family(call, device_type, dev, threads, blocks_per_row)
+    if device_type == "cpu":
+        return (family,)  # the CPU kernels ignore both overrides
+    if family == "row":
+        per_thread = 1 if call.outer < dev.sms else 4
+        auto = _pow2_at_least(_ceil(call.n // row_vec(call), per_thread))
+        return family, min(threads_hint(threads, 1) or auto, MAX_ROW_THREADS)
+    if family in ("split", "split_uncached"):
+        return family, threads_hint(threads, 32) or MAX_ROW_THREADS, wanted_blocks_per_row(call, dev, blocks_per_row)
+    return (family,)
