@@ -1,8 +1,8 @@
 // The backward over a non-trailing axis (inner > 1, e.g. the channels of NCHW).
 //
 // Fused (channel_backward_tile_kernel), when a block's 256 threads can hold a whole column tile in
-// registers (n <= K x thread rows, K <= 4 channels a thread: n <= 128 with runs of a channel row of
-// at least 128 bytes): a tile is tx*VEC consecutive columns
+// registers (n <= K x thread rows, K <= 4 channels a thread: n <= 128 with at least 8 lanes along
+// a channel row, runs of 128 bytes, 64 for 2-byte types): a tile is tx*VEC consecutive columns
 // (o, i..) of all n channels, x and dy read once, their column sums met across the thread rows in
 // shared memory, dx written: 3 passes over memory, the floor. The dweight / dbias partials are per
 // block, [grid][n], each thread keeping its channels' sums over all the tiles it takes.
@@ -242,14 +242,12 @@ __global__ void __launch_bounds__(kChannelTileThreads, kChannelTileBlocks<T, K>)
     }
   }
   if (a.dw_part == nullptr && a.db_part == nullptr) return;
-  // The block's partials: each channel's sums over the tx lanes that share it (a shuffle tree within
-  // the lane group, which tx, a power of two <= 32, keeps inside one warp).
+  // The block's partials: each channel's sums over the tx lanes that share it (tx, a power of two
+  // <= 32, keeps the lane group inside one warp).
+  group_sums(dw, tx, static_cast<A*>(nullptr));  // tx <= 32: shuffles only, no shared memory
+  group_sums(db, tx, static_cast<A*>(nullptr));
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    for (int off = tx / 2; off > 0; off >>= 1) {
-      dw[k] += __shfl_xor_sync(0xffffffffu, dw[k], off);
-      db[k] += __shfl_xor_sync(0xffffffffu, db[k], off);
-    }
     const int64_t j = ty + int64_t(k) * tyn;
     if (lane == 0 && j < a.n) {
       if (a.dw_part) static_cast<A*>(a.dw_part)[blockIdx.x * a.n + j] = dw[k];
@@ -260,7 +258,8 @@ __global__ void __launch_bounds__(kChannelTileThreads, kChannelTileBlocks<T, K>)
 
 // The fused kernel's launch: lanes tx along the columns (16-byte vectors, as many as the inner
 // extent takes, up to 32), the rest of the 256 threads along the channels, each holding K of them.
-// tx >= 8 keeps 128-byte runs of each channel row; k == 0: the call does not fit.
+// tx >= 8 keeps runs of each channel row of 128 bytes (64 for 2-byte types); k == 0: the call does
+// not fit.
 struct ChannelTilePlan {
   int tx, k, grid;
   size_t smem;
@@ -296,7 +295,7 @@ static inline ChannelTilePlan plan_channel_tile(const NormBackwardParams& p) {
   while (true) {
     k = pow2_at_least((p.n + kChannelTileThreads / tx - 1) / (kChannelTileThreads / tx));
     if (k <= max_k) break;
-    if (tx <= 8) return none;  // runs of a channel row shorter than 128 bytes: the two-kernel path
+    if (tx <= 8) return none;  // fewer than 8 lanes along a channel row: the two-kernel path
     tx /= 2;
   }
   const void* kernel = channel_tile_kernel_of<T, W, VEC, 1>(k);

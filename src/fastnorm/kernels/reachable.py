@@ -326,29 +326,25 @@ def _function_or_variable_names(body: str) -> Optional[set]:
     return names or None
 
 
-def _statement_end(body: str) -> int:
+def _top_level(text: str, char: str):
+    """Indices of `char` outside any (), [] or {} in text."""
     depth = 0
-    for i, c in enumerate(body):
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == ";" and depth == 0:
-            return i
-    return len(body)
-
-
-def _split_top_level(text: str) -> list:
-    parts, depth, last = [], 0, 0
     for i, c in enumerate(text):
         if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(text[last:i])
-            last = i + 1
-    return parts + [text[last:]]
+        elif c == char and depth == 0:
+            yield i
+
+
+def _statement_end(body: str) -> int:
+    return next(_top_level(body, ";"), len(body))
+
+
+def _split_top_level(text: str) -> list:
+    cuts = [-1, *_top_level(text, ","), len(text)]
+    return [text[a + 1:b] for a, b in zip(cuts, cuts[1:])]
 
 
 def _close_paren(text: str, i: int) -> int:

@@ -14,11 +14,12 @@ namespace fastnorm {
 constexpr int kWarpRowThreads = 256;
 constexpr int kWarpRowMaxK = 32;  // elements a lane holds: rows of up to 32 x 32 = 1024 elements
 
+// The sum over the warp, every lane getting it (group_sums of one value, shuffles only).
 template <typename A>
 __device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
+  A sum[1] = {v};
+  group_sums(sum, 32, static_cast<A*>(nullptr));
+  return sum[0];
 }
 
 // K: elements a lane holds (rows of 32 * K / 2 < n <= 32 * K elements). Statistics about the row's
