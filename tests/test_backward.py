@@ -290,6 +290,20 @@ def test_channel_backward_paths(monkeypatch, layout, path, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("stages", ["2", "3", "4"])
+@pytest.mark.parametrize("shape", [(300, 1024), (700, 40), (90, 8192)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_row_backward_ring_of_buffers(monkeypatch, stages, shape, dtype):
+    """The row backward's ring of (x, dy) buffers (FASTNORM_ROW_BWD_STAGES, LayerNorm at least 3) over
+    many rows a block, so that the ring wraps and LayerNorm's rough mean of the next row is used."""
+    monkeypatch.setenv("FASTNORM_ROW_BWD_STAGES", stages)
+    for rms in (False, True):
+        run_case("cuda", shape, len(shape) - 1, len(shape), dtype, affine=True, rms=rms)
+    run_case("cuda", shape, len(shape) - 1, len(shape), dtype, affine=True, rms=False, offset=100.0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_channel_backward_is_reproducible_and_matches_two_kernels(monkeypatch):
     shape = (8, 64, 40, 40)
     x, dy = torch.randn(shape, device="cuda"), torch.randn(shape, device="cuda")

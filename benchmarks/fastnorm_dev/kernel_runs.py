@@ -30,7 +30,7 @@ def run_sanitize(args):
     from fastnorm.ops import extension
 
     ext = extension.load("cuda")
-    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257)]:  # row kernel (vector, scalar), split, warp rows
             x = torch.randn(shape, device="cuda", dtype=dtype)
             w = torch.rand(shape[-1], device="cuda", dtype=dtype)
@@ -75,10 +75,12 @@ def run_sanitize(args):
             ext.p_normalize(x, 2.0, begin, end, 1e-12, False)
         # Backward: fused rows (vector, scalar), long rows, the channel tile kernel (several K, scalar
         # columns) and, past its n or forced by FASTNORM_CHANNEL_BWD=0, the two channel kernels.
+        # Row backward: many rows a block, so that its ring of 2-4 row buffers wraps (FASTNORM_ROW_BWD_STAGES).
         for shape, dim in [((7, 1024), 1), ((5, 33), 1), ((3, 20000), 1), ((2, 64, 33, 64), 1), ((2, 100, 16, 20), 1),
-                           ((3, 7, 5, 9), 1), ((2, 200, 8, 16), 1)]:
+                           ((3, 7, 5, 9), 1), ((2, 200, 8, 16), 1), ((3000, 256), 1), ((1000, 40), 1)]:
             for force in ("", "0"):
                 os.environ["FASTNORM_CHANNEL_BWD"] = force
+                os.environ["FASTNORM_ROW_BWD_STAGES"] = "3" if force else ""
                 x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
                 w = torch.rand(shape[dim], device="cuda", dtype=dtype, requires_grad=True)
                 y = fastnorm.layer_norm(x, None, w, w, dim=dim) if len(shape) > 2 else fastnorm.layer_norm(x, shape[-1:], w, w)
@@ -86,6 +88,16 @@ def run_sanitize(args):
                 y = fastnorm.rms_norm(x, None, w, 1e-5, dim=dim) if len(shape) > 2 else fastnorm.rms_norm(x, shape[-1:], w)
                 y.backward(torch.randn_like(y))
         os.environ.pop("FASTNORM_CHANNEL_BWD", None)
+        os.environ.pop("FASTNORM_ROW_BWD_STAGES", None)
+        # Residual rows (h = x + residual, y = norm(h)), forward and backward, vector and scalar rows.
+        for shape in [(300, 1024), (37, 33)]:
+            x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+            r = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+            w = torch.rand(shape[-1], device="cuda", dtype=dtype, requires_grad=True)
+            y, h = fastnorm.rms_norm(x, shape[-1:], w, 1e-6, residual=r)
+            torch.autograd.backward([y, h], [torch.randn_like(y), torch.randn_like(h)])
+            y, h = fastnorm.layer_norm(x, shape[-1:], w, w, 1e-5, residual=r)
+            torch.autograd.backward([y, h], [torch.randn_like(y), torch.randn_like(h)])
     torch.cuda.synchronize()
     print("sanitize: all paths ran")
 

@@ -46,8 +46,7 @@ static inline const char* run_backward(const NormBackwardParams& p, const Backwa
   }
   if (p.workspace_bytes < s.bytes || (s.bytes > 0 && p.workspace == nullptr)) return "backward workspace missing or too small";
   if (const char* err = launch()) return err;
-  launch_reduce_partials<A, W>(s.dw_part, s.parts, p.n, p.dweight, stream);
-  launch_reduce_partials<A, W>(s.db_part, s.parts, p.n, p.dbias, stream);
+  launch_reduce_partials<A, W>(s.dw_part, p.dweight, s.db_part, p.dbias, s.parts, p.n, stream);
   return launch_result(cudaGetLastError());
 }
 
