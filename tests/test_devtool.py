@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import fastnorm
 
@@ -77,3 +78,22 @@ def test_host_command_measures_on_cpu(devtool, capsys):
     assert [line.split()[0] for line in lines] == ["F.layer_norm", "fastnorm.layer_norm",
                                                   "torch.ops.fastnorm.layer_norm", "ext.norm_forward"]
     assert all(float(line.split()[1]) > 0 and line.endswith("us/call") for line in lines)
+
+
+def test_gpu_check_script_parses_and_names_its_stages():
+    script = BENCHMARKS / "gpu_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)  # syntax only: the stages need a GPU machine
+    text = script.read_text()
+    for stage in ("build)", "tests)", "sanitize)", "steadiness)", "scale)"):
+        assert stage in text
+    assert "eval_steadiness.py" in text and "eval_scale.py" in text and "devtool.py sanitize" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
+def test_eval_steadiness_says_it_needs_a_gpu(tmp_path):
+    root = BENCHMARKS.parent
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "eval_steadiness.py"),
+                           str(root / "problems" / "layer_norm_16x64x256x256.py"),
+                           str(root / "solutions" / "layer_norm_16x64x256x256.py"), "--runs", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr

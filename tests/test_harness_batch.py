@@ -345,6 +345,7 @@ CUDA_EXPECTED = {"good_layer_norm": {"ok"}, "side_stream": {"cheating"}, "stale_
 
 
 @pytest.mark.cuda
+@pytest.mark.slow  # 8 candidates judged twice, several of them built: about 6 minutes on the H100
 def test_cuda_pool_gives_the_verdicts_of_one_candidate_at_a_time(tmp_path):
     """The default pool (a slot per visible GPU, builds ahead of the judges) against one candidate at a time with
     each judge building its own: the same verdicts, times within noise, results naming the GPUs used."""
