@@ -1,4 +1,6 @@
 """Builds (once per machine, cached) and loads the compiled kernels for a device type."""
+from __future__ import annotations
+
 import hashlib
 import os
 import sys
@@ -32,6 +34,28 @@ def _build_root() -> Path:
     return Path(_get_build_directory("fastnorm", verbose=False)).parent
 
 
+def _guessed_build_root() -> Path | None:
+    """The root _build_root() gives, computed as cpp_extension does (torch 2.3-2.13) without importing it:
+    that import pulls in setuptools, 0.15 s of a process's first call. A wrong guess (another torch's
+    layout) only sends the call down the slow path, which asks cpp_extension."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return Path(root)
+    try:
+        from torch import _appdirs
+    except ImportError:
+        return None
+    base = os.path.realpath(_appdirs.user_cache_dir(appname="torch_extensions"))
+    hip, cuda = getattr(torch.version, "hip", None), torch.version.cuda
+    accelerator = f"rocm{hip.replace('.', '')}" if hip else f"cu{cuda.replace('.', '')}" if cuda else "cpu"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path(base) / f"{python}_{accelerator}"
+
+
+def _built_files(build_dir: Path, name: str) -> list:
+    return sorted(build_dir.glob(f"{name}*.so")) + sorted(build_dir.glob(f"{name}*.pyd"))
+
+
 def extension_name(device_type: str) -> str:
     """Name of the build: changes whenever a source, a flag or the torch version changes."""
     digest = hashlib.sha256(torch.__version__.encode())
@@ -60,11 +84,17 @@ def load(device_type: str):
 
 
 def _build(device_type: str):
+    name = extension_name(device_type)
+    guessed = _guessed_build_root()
+    if guessed is not None:  # a cached build, found without importing cpp_extension
+        built = _built_files(guessed / name, name)
+        module = _import_built(name, built[0]) if built else None
+        if module is not None:
+            return module
     from torch.utils import cpp_extension
 
-    name = extension_name(device_type)
     build_dir = _build_root() / name
-    built = sorted(build_dir.glob(f"{name}*.so")) + sorted(build_dir.glob(f"{name}*.pyd"))
+    built = _built_files(build_dir, name)
     if built:
         module = _import_built(name, built[0])
         if module is not None:
