@@ -78,8 +78,8 @@ __device__ __forceinline__ void add_gradient(const T* dx_add, int64_t i, A (&out
 // p = r, r + rows, ... in four chains, and the rows meet in shared memory in a fixed order. The
 // shape follows the work: about 4 partials or more a thread (16 rows at most), and columns halved
 // (to 8) until every SM has a block. (One launch of 32 x 8 threads per output was latency-bound:
-// 10 us for dweight + dbias of 264 partials of 4096, 17 us at n = 1024; 16 rows for 2 partials of
-// 4M columns spent 1.4 ms launching idle threads.)
+// 10 us for dweight + dbias of 264 partials of 4096, 17 us at n = 1024; 16 thread rows for the 2
+// partials of 4M columns, mostly idle, added 0.46 ms to the LayerNorm seed's training step.)
 constexpr int kReduceThreads = 512;
 
 template <typename A, typename W>
