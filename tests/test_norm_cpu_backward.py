@@ -71,7 +71,7 @@ def outer_view(t, begin):
 
 
 def run_backward(ext, x, dy, weight, want_bias, rms, dims, eps=1e-5, saved=None, workspace_bytes=-1,
-                 param_dtype=None, want_dx=True):
+                 param_dtype=None, want_dx=True, want_dw=True):
     """dx, dweight, dbias (dbias None unless wanted) from the kernels, over dims [begin, end)."""
     begin, end = dims
     param_dtype = param_dtype or (weight.dtype if weight is not None else wide(x.dtype))
@@ -80,7 +80,7 @@ def run_backward(ext, x, dy, weight, want_bias, rms, dims, eps=1e-5, saved=None,
     xv, xs = outer_view(x, begin)
     dyv, dys = outer_view(dy, begin)
     dx = torch.empty(x.shape, dtype=x.dtype) if want_dx else None
-    dw = torch.full((n,), 12345.0, dtype=param_dtype)  # must be overwritten
+    dw = torch.full((n,), 12345.0, dtype=param_dtype) if want_dw else None  # must be overwritten
     db = torch.full((n,), 12345.0, dtype=param_dtype) if want_bias else None
     mean, rstd = saved if saved is not None else (None, None)
     ext.norm_backward(xv, dyv, weight, dx, dw, db, mean, rstd, [outer, n, inner, xs, dys],
@@ -162,7 +162,7 @@ def test_fp32_weight_with_half_input(ext, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape,dims", [((9, 40), (1, 2)), ((3, 20, 7), (1, 2))], ids=str)
+@pytest.mark.parametrize("shape,dims", [((9, 40), (1, 2)), ((3, 20, 7), (1, 2)), ((5, 4100), (1, 2))], ids=str)
 @pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
 def test_saved_statistics(ext, shape, dims, rms, dtype):
     """Given the forward's mean / rstd (float32, float64 for double), the same gradients as recomputing."""
@@ -181,7 +181,8 @@ def test_saved_statistics(ext, shape, dims, rms, dtype):
         assert_matches_reference(db, ref_db)
 
 
-@pytest.mark.parametrize("shape,dims", [((200, 65), (1, 2)), ((3, 5000), (1, 2)), ((6, 40, 33), (1, 2))], ids=str)
+@pytest.mark.parametrize("shape,dims", [((200, 65), (1, 2)), ((3, 5000), (1, 2)), ((32, 2100), (1, 2)),
+                                        ((40, 3000), (1, 2)), ((6, 40, 33), (1, 2))], ids=str)
 def test_thread_count_does_not_change_the_bits(ext, shape, dims):
     x = torch.randn(shape) + 5
     dy = torch.randn(shape)
@@ -196,6 +197,30 @@ def test_thread_count_does_not_change_the_bits(ext, shape, dims):
         torch.set_num_threads(threads)
     for a, b in zip(one, many):
         assert torch.equal(a, b)
+
+
+# A few long rows go by blocks of columns (<= 32 rows of >= 2048 with dweight / dbias: 2 and 32 rows,
+# a short last block, a tail step); more rows, groups of at least 16384 elements (40 x 3000: 7 groups).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(2, 2051), (32, 3077), (40, 3000)], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+@pytest.mark.parametrize("wanted", ["all", "no_dx", "dbias_only"])
+def test_few_long_rows(ext, shape, rms, wanted, dtype):
+    if rms and wanted == "dbias_only":
+        pytest.skip("RMSNorm has no bias")
+    x = (torch.rand(shape, dtype=torch.float64) * 4 + (0 if rms else 1000)).to(dtype)
+    dy = torch.randn(shape, dtype=torch.float64).to(dtype)
+    w = torch.randn(shape[1], dtype=dtype)
+    weight = None if wanted == "dbias_only" else w
+    dx, dw, db = run_backward(ext, x, dy, weight, not rms, rms, (1, 2), param_dtype=dtype,
+                              want_dx=wanted == "all", want_dw=wanted != "dbias_only")
+    ref_dx, ref_dw, ref_db = reference_grads(x, dy, weight, None if rms else torch.zeros_like(w), rms, (1, 2))
+    if wanted == "all":
+        assert_matches_reference(dx, ref_dx)
+    if wanted != "dbias_only":
+        assert_matches_reference(dw, ref_dw, dw.dtype)
+    if not rms:
+        assert_matches_reference(db, ref_db, db.dtype)
 
 
 def test_external_workspace_and_strided_views(ext):
@@ -248,7 +273,7 @@ def test_scalar_kernels_without_simd(ext):
         ext = build_ext()
         torch.manual_seed(0)
         for dtype in (torch.float32, torch.float64, torch.bfloat16):
-            for shape, rms in (((6, 37), False), ((2, 5, 9), True)):
+            for shape, rms in (((6, 37), False), ((2, 5, 9), True), ((3, 2100), False)):  # 3 x 2100: few long rows
                 x = (torch.randn(shape, dtype=torch.float64) + 3).to(dtype)
                 dy = torch.randn(shape, dtype=torch.float64).to(dtype)
                 w = torch.randn(shape[1], dtype=dtype)

@@ -4,33 +4,52 @@
 // bit for bit.
 //
 // dweight / dbias: the tasks (rows; or (outer index, block of inner positions) on the channel axis)
-// are cut into at most kMaxGroups groups of consecutive tasks, from the shape alone. A group sums its
-// tasks in order into its own double partial (rows through fp32 accumulators flushed every
+// are cut into at most kMaxGroups groups of consecutive tasks, from the shape alone (a group of rows
+// holds at least kMinGroupElems elements, so a few long rows still make several groups). A group sums
+// its tasks in order into its own double partial (rows through fp32 accumulators flushed every
 // kFlushRows rows), and the partials are added in group order: the same bits for every thread count.
 #include "norm_backward_params.h"
 #include "cpu_vec.h"
 
+#include <memory>
+
 namespace {
 
 constexpr int64_t kMaxGroups = 64;
-constexpr int64_t kMinTasksPerGroup = 8;  // a partial (n doubles) per task would cost more than the task
+constexpr int64_t kMinTasksPerGroup = 8;  // channel blocks: a partial (n doubles) per task would cost more
+// Rows: a group's partial costs about as much as one of its rows, so a group takes a few rows, but
+// at least one: 4 rows of 65536 made one group, and one thread did all the work.
+constexpr int64_t kMinGroupElems = 16384;
 constexpr int64_t kFlushRows = 32;
 
 struct Groups {
   int64_t count, per;  // `count` groups of `per` consecutive tasks (the last may hold fewer)
 };
 
-Groups split_groups(int64_t tasks) {
-  const int64_t per = std::max(fastnorm_cpu::ceil_div(tasks, kMaxGroups), kMinTasksPerGroup);
+Groups split_groups(int64_t tasks, int64_t min_per = kMinTasksPerGroup) {
+  const int64_t per = std::max(fastnorm_cpu::ceil_div(tasks, kMaxGroups), min_per);
   return {fastnorm_cpu::ceil_div(tasks, per), per};
 }
 
+Groups split_rows(int64_t rows, int64_t n) { return split_groups(rows, fastnorm_cpu::ceil_div(kMinGroupElems, n)); }
+
 int64_t param_sums(const NormBackwardParams& p) { return (p.dweight ? 1 : 0) + (p.dbias ? 1 : 0); }
 
-// Doubles of scratch for the partial sums: n per wanted sum per group (tasks <= outer * inner).
+// A few long rows with dweight / dbias wanted go by blocks of columns (backward_columns), from the
+// shape alone: partials per group of rows would cost as much as the rows, and leave threads idle.
+constexpr int64_t kColumnMaxRows = 32;
+constexpr int64_t kColumnBlock = 1024;  // columns a task (a multiple of every step)
+
+bool by_columns(const NormBackwardParams& p) {  // (the SIMD kernels only: the scalar ones use a partial)
+  return p.inner == 1 && param_sums(p) > 0 && p.outer <= kColumnMaxRows && p.n >= 2 * kColumnBlock &&
+         fastnorm_cpu::simd_available();
+}
+
+// Doubles of scratch for the partial sums: n per wanted sum per group (channel tasks <= outer * inner).
 int64_t workspace_doubles(const NormBackwardParams& p) {
-  if (p.outer <= 0 || p.n <= 0 || p.inner <= 0) return 0;
-  const int64_t groups = std::min(kMaxGroups, fastnorm_cpu::ceil_div(p.outer * p.inner, kMinTasksPerGroup));
+  if (p.outer <= 0 || p.n <= 0 || p.inner <= 0 || by_columns(p)) return 0;
+  const int64_t groups = p.inner == 1 ? split_rows(p.outer, p.n).count
+                                      : std::min(kMaxGroups, fastnorm_cpu::ceil_div(p.outer * p.inner, kMinTasksPerGroup));
   return groups * p.n * param_sums(p);  // >= split_groups(tasks).count for any tasks <= outer * inner
 }
 
@@ -39,14 +58,22 @@ template <class TW>
 void finish_params(const NormBackwardParams& p, const double* partials, int64_t groups) {
   const int64_t n = p.n, sums = param_sums(p);
   TW* outs[2] = {static_cast<TW*>(p.dweight), static_cast<TW*>(p.dbias)};
+  // Each column adds its partials in group order; a block of columns at a time, so the adds of
+  // different columns overlap (one column's chain of dependent adds made this latency-bound).
+  constexpr int64_t kCols = 256;
   at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
+    double total[kCols];
     int64_t slot = 0;
     for (TW* out : outs) {
       if (!out) continue;
-      for (int64_t j = begin; j < end; ++j) {
-        double total = 0.0;
-        for (int64_t g = 0; g < groups; ++g) total += partials[(g * sums + slot) * n + j];
-        out[j] = static_cast<TW>(total);
+      for (int64_t j0 = begin; j0 < end; j0 += kCols) {
+        const int64_t cols = std::min(kCols, end - j0);
+        std::fill(total, total + cols, 0.0);
+        for (int64_t g = 0; g < groups; ++g) {
+          const double* part = partials + (g * sums + slot) * n + j0;
+          for (int64_t j = 0; j < cols; ++j) total[j] += part[j];
+        }
+        for (int64_t j = 0; j < cols; ++j) out[j0 + j] = static_cast<TW>(total[j]);
       }
       ++slot;
     }
@@ -104,6 +131,14 @@ namespace {
 
 using namespace fastnorm_cpu;
 
+// Inlines every call in the row / column loops: GCC left at::vec's bf16 / fp16 loads (and
+// keep_lanes) as calls through the PLT there, each spilling the live vectors.
+#if defined(__GNUC__)
+#define FASTNORM_FLATTEN __attribute__((flatten))
+#else
+#define FASTNORM_FLATTEN
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // inner == 1: rows.
 
@@ -131,58 +166,88 @@ C10_ALWAYS_INLINE void grad_and_xhat(const TX* x, const TX* dy, const TW* w, con
   }
 }
 
+struct GradSums {
+  double g, gx;  // sums of g and of g * xhat
+};
+
+// Sums of g and g * xhat over a chunk of a row (len <= kChunk elements at x, dy, w), in fp32
+// vectors; dy * xhat and dy added into the fp32 accumulators acc_w / acc_b (len + kStep elements
+// each, or null) on the way, as this pass reads x and dy anyway. Steps alternate between two sets of
+// vectors: one set was a chain of dependent adds, 4 cycles a step.
+template <class TX, class TW, bool kW>
+C10_ALWAYS_INLINE GradSums chunk_grad_sums(const TX* x, const TX* dy, const TW* w, int64_t len,
+                                           const NormCoeffs<compute_t<TX>>& k, compute_t<TX>* acc_w,
+                                           compute_t<TX>* acc_b) {
+  using S = Step<TX>;
+  using V = typename S::V;
+  constexpr int64_t kStep = S::kStep;
+  V sg[2][S::kParts], sgx[2][S::kParts];
+  for (int u = 0; u < 2; ++u)
+    for (int q = 0; q < S::kParts; ++q) sg[u][q] = sgx[u][q] = V(0);
+  auto step = [&](const StepSpan& s, V* sgu, V* sgxu) {
+    V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
+    grad_and_xhat<TX, TW, kW>(x, dy, w, s, k, g, xhat, dyv);
+    keep_new<TX>(s, g);
+    keep_new<TX>(s, xhat);
+    if (acc_w || acc_b) keep_new<TX>(s, dyv);  // a lane seen before adds nothing, even an Inf dy
+    for (int q = 0; q < S::kParts; ++q) {
+      sgu[q] = sgu[q] + g[q];
+      sgxu[q] = at::vec::fmadd(g[q], xhat[q], sgxu[q]);
+      const int64_t at_q = s.pos + q * S::kWidth;
+      if (acc_w) (V::loadu(acc_w + at_q) + dyv[q] * xhat[q]).store(acc_w + at_q);
+      if (acc_b) (V::loadu(acc_b + at_q) + dyv[q]).store(acc_b + at_q);
+    }
+  };
+  int64_t e = 0;
+  for (; e + 2 * kStep <= len; e += 2 * kStep) {
+    step(StepSpan{e, kStep, 0, kStep}, sg[0], sgx[0]);
+    step(StepSpan{e + kStep, kStep, 0, kStep}, sg[1], sgx[1]);
+  }
+  if (e < len) {  // the rest (under two steps) into the first set; a tail step may end at len
+    for_each_step<TX>(len - e, [&](StepSpan s) {
+      s.pos += e;
+      step(s, sg[0], sgx[0]);
+    });
+  }
+  V tg = sg[0][0] + sg[1][0], tgx = sgx[0][0] + sgx[1][0];
+  for (int q = 1; q < S::kParts; ++q) {
+    tg = tg + (sg[0][q] + sg[1][q]);
+    tgx = tgx + (sgx[0][q] + sgx[1][q]);
+  }
+  return {lane_sum(tg), lane_sum(tgx)};
+}
+
+// dx over a run of len elements of a row, given the row's mean(g) (a) and mean(g * xhat) (c).
+template <class TX, class TW, bool kW>
+C10_ALWAYS_INLINE void run_dx(const TX* x, const TX* dy, const TW* w, TX* dx, int64_t len,
+                              const NormCoeffs<compute_t<TX>>& k, compute_t<TX> a, compute_t<TX> c) {
+  using S = Step<TX>;
+  using V = typename S::V;
+  const V av(a), cv(c), rstd(k.rstd);
+  for_each_step<TX>(len, [&](const StepSpan& s) {
+    V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
+    grad_and_xhat<TX, TW, kW>(x, dy, w, s, k, g, xhat, dyv);
+    V d[S::kParts];
+    for (int q = 0; q < S::kParts; ++q) d[q] = rstd * ((g[q] - av) - xhat[q] * cv);
+    store_span(dx, s, d);
+  });
+}
+
 // dx of one row, and its dy * xhat, dy added into the fp32 accumulators acc_w / acc_b (n + kStep
-// elements each, or null).
+// elements each, or null): chunk sums (which do the accumulators), then dx if wanted.
 // Inlined into the row loop for the reason write_run is (norm_cpu.cpp).
 template <class TX, class TW, bool kRms, bool kW>
 C10_ALWAYS_INLINE void row_backward(const TX* x, const TX* dy, const TW* w, TX* dx, int64_t n,
                                     const NormCoeffs<compute_t<TX>>& k, compute_t<TX>* acc_w, compute_t<TX>* acc_b) {
-  using S = Step<TX>;
-  using C = typename S::C;
-  using V = typename S::V;
-  // Sums of g and g * xhat over the row: fp32 vectors per chunk, chunks added in double.
-  double sum_g = 0.0, sum_gx = 0.0;
+  using C = compute_t<TX>;
+  double sum_g = 0.0, sum_gx = 0.0;  // chunks added in double, in order
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    const int64_t len = std::min(kChunk, n - c0);
-    V sg[S::kParts], sgx[S::kParts];
-    for (int q = 0; q < S::kParts; ++q) sg[q] = sgx[q] = V(0);
-    for_each_step<TX>(len, [&](const StepSpan& s) {
-      V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
-      grad_and_xhat<TX, TW, kW>(x + c0, dy + c0, kW ? w + c0 : w, s, k, g, xhat, dyv);
-      keep_new<TX>(s, g);
-      keep_new<TX>(s, xhat);
-      for (int q = 0; q < S::kParts; ++q) {
-        sg[q] = sg[q] + g[q];
-        sgx[q] = at::vec::fmadd(g[q], xhat[q], sgx[q]);
-      }
-    });
-    V tg = sg[0], tgx = sgx[0];
-    for (int q = 1; q < S::kParts; ++q) {
-      tg = tg + sg[q];
-      tgx = tgx + sgx[q];
-    }
-    sum_g += lane_sum(tg);
-    sum_gx += lane_sum(tgx);
+    const GradSums t = chunk_grad_sums<TX, TW, kW>(x + c0, dy + c0, kW ? w + c0 : w, std::min(kChunk, n - c0), k,
+                                                   acc_w ? acc_w + c0 : nullptr, acc_b ? acc_b + c0 : nullptr);
+    sum_g += t.g;
+    sum_gx += t.gx;
   }
-  const V a(kRms ? C(0) : C(sum_g / double(n))), c(C(sum_gx / double(n))), rstd(k.rstd);
-  for_each_step<TX>(n, [&](const StepSpan& s) {
-    V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
-    grad_and_xhat<TX, TW, kW>(x, dy, w, s, k, g, xhat, dyv);
-    if (dx) {
-      V d[S::kParts];
-      for (int q = 0; q < S::kParts; ++q) d[q] = rstd * ((g[q] - a) - xhat[q] * c);
-      store_span(dx, s, d);
-    }
-    if (acc_w || acc_b) {
-      keep_new<TX>(s, dyv);
-      keep_new<TX>(s, xhat);
-      for (int q = 0; q < S::kParts; ++q) {
-        const int64_t at_q = s.pos + q * S::kWidth;
-        if (acc_w) (V::loadu(acc_w + at_q) + dyv[q] * xhat[q]).store(acc_w + at_q);
-        if (acc_b) (V::loadu(acc_b + at_q) + dyv[q]).store(acc_b + at_q);
-      }
-    }
-  });
+  if (dx) run_dx<TX, TW, kW>(x, dy, w, dx, n, k, kRms ? C(0) : C(sum_g / double(n)), C(sum_gx / double(n)));
 }
 
 template <class TX>
@@ -200,8 +265,8 @@ void backward_rows(const NormBackwardParams& p, double* partials) {
   const TW* w = static_cast<const TW*>(p.weight);
   TX* dx = static_cast<TX*>(p.dx);
   const int64_t n = p.n, sums = param_sums(p);
-  const Groups groups = split_groups(p.outer);
-  at::parallel_for(0, groups.count, 1, [&](int64_t gbegin, int64_t gend) {
+  const Groups groups = split_rows(p.outer, n);
+  at::parallel_for(0, groups.count, 1, [&](int64_t gbegin, int64_t gend) FASTNORM_FLATTEN {
     std::vector<C> acc(sums * (n + Step<TX>::kStep));
     C* acc_w = p.dweight ? acc.data() : nullptr;
     C* acc_b = p.dbias ? acc.data() + (p.dweight ? n + Step<TX>::kStep : 0) : nullptr;
@@ -225,6 +290,94 @@ void backward_rows(const NormBackwardParams& p, double* partials) {
     }
   });
   if (sums) finish_params<TW>(p, partials, groups.count);
+}
+
+// A few long rows (see by_columns): the rows' statistics and sums in one parallel region over (row,
+// chunk), then dx and dweight / dbias in one over blocks of columns, each block going down the rows
+// in order (fp32 accumulators flushed into double every kFlushRows rows): no partials, the same bits
+// for every thread count, and every thread busy however few the rows.
+template <class TX, class TW, bool kRms, bool kW>
+void backward_columns(const NormBackwardParams& p) {
+  using S = Step<TX>;
+  using C = compute_t<TX>;
+  using V = typename S::V;
+  const TX* x = static_cast<const TX*>(p.x);
+  const TX* dy = static_cast<const TX*>(p.dy);
+  const TW* w = static_cast<const TW*>(p.weight);
+  TX* dx = static_cast<TX*>(p.dx);
+  const int64_t n = p.n, rows = p.outer, chunks = ceil_div(n, kChunk);
+  const int64_t xs = p.x_outer_stride, dys = p.dy_outer_stride;
+  std::vector<NormCoeffs<C>> coeffs(rows);
+  if (p.rstd) {
+    for (int64_t r = 0; r < rows; ++r) coeffs[r] = saved_coeffs<TX>(p, r);
+  } else {
+    rows_coeffs_parallel(x, rows, xs, n, kRms, p.eps, coeffs.data());
+  }
+  std::vector<GradSums> parts(rows * chunks);
+  at::parallel_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) FASTNORM_FLATTEN {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r = t / chunks, c0 = (t % chunks) * kChunk;
+      parts[t] = chunk_grad_sums<TX, TW, kW>(x + r * xs + c0, dy + r * dys + c0, kW ? w + c0 : w,
+                                             std::min(kChunk, n - c0), coeffs[r], nullptr, nullptr);
+    }
+  });
+  std::vector<C> mean_g(rows), mean_gx(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double sg = 0.0, sgx = 0.0;  // chunks in order, as row_backward adds them
+    for (int64_t c = 0; c < chunks; ++c) {
+      sg += parts[r * chunks + c].g;
+      sgx += parts[r * chunks + c].gx;
+    }
+    mean_g[r] = kRms ? C(0) : C(sg / double(n));
+    mean_gx[r] = C(sgx / double(n));
+  }
+  TW* dw = static_cast<TW*>(p.dweight);
+  TW* db = static_cast<TW*>(p.dbias);
+  at::parallel_for(0, ceil_div(n, kColumnBlock), 1, [&](int64_t begin, int64_t end) FASTNORM_FLATTEN {
+    std::vector<C> acc(2 * (kColumnBlock + S::kStep));
+    C* acc_w = acc.data();
+    C* acc_b = acc.data() + kColumnBlock + S::kStep;
+    std::vector<double> total(2 * kColumnBlock);
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t j0 = blk * kColumnBlock, len = std::min(kColumnBlock, n - j0);
+      std::fill(acc.begin(), acc.end(), C(0));
+      std::fill(total.begin(), total.end(), 0.0);
+      const TW* wb = kW ? w + j0 : w;
+      for (int64_t r = 0; r < rows; ++r) {
+        const TX* xr = x + r * xs + j0;
+        const TX* dyr = dy + r * dys + j0;
+        TX* dxr = dx ? dx + r * n + j0 : nullptr;
+        const V a(mean_g[r]), c(mean_gx[r]), rstd(coeffs[r].rstd);
+        for_each_step<TX>(len, [&](const StepSpan& s) {
+          V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
+          grad_and_xhat<TX, TW, kW>(xr, dyr, wb, s, coeffs[r], g, xhat, dyv);
+          if (dxr) {
+            V d[S::kParts];
+            for (int q = 0; q < S::kParts; ++q) d[q] = rstd * ((g[q] - a) - xhat[q] * c);
+            store_span(dxr, s, d);
+          }
+          keep_new<TX>(s, dyv);  // lanes seen before add nothing
+          keep_new<TX>(s, xhat);
+          for (int q = 0; q < S::kParts; ++q) {
+            const int64_t at_q = s.pos + q * S::kWidth;
+            if (dw) (V::loadu(acc_w + at_q) + dyv[q] * xhat[q]).store(acc_w + at_q);
+            if (db) (V::loadu(acc_b + at_q) + dyv[q]).store(acc_b + at_q);
+          }
+        });
+        if ((r + 1) % kFlushRows == 0 || r + 1 == rows) {  // fp32 -> double
+          for (int64_t j = 0; j < len; ++j) {
+            total[j] += double(acc_w[j]);
+            total[kColumnBlock + j] += double(acc_b[j]);
+          }
+          std::fill(acc.begin(), acc.end(), C(0));
+        }
+      }
+      for (int64_t j = 0; j < len; ++j) {
+        if (dw) dw[j0 + j] = static_cast<TW>(total[j]);
+        if (db) db[j0 + j] = static_cast<TW>(total[kColumnBlock + j]);
+      }
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -369,7 +522,8 @@ void backward_channels(const NormBackwardParams& p, double* partials) {
 
 template <class TX, class TW, bool kRms, bool kW>
 void backward_layout(const NormBackwardParams& p, double* partials) {
-  if (p.inner == 1) backward_rows<TX, TW, kRms, kW>(p, partials);
+  if (by_columns(p)) backward_columns<TX, TW, kRms, kW>(p);
+  else if (p.inner == 1) backward_rows<TX, TW, kRms, kW>(p, partials);
   else backward_channels<TX, TW, kRms, kW>(p, partials);
 }
 
@@ -411,12 +565,12 @@ const char* fastnorm_cpu_backward(const NormBackwardParams& p) {
   }
   if (!p.x || !p.dy) return "fastnorm_cpu_backward: null x or dy";
   const int64_t doubles = workspace_doubles(p);
-  std::vector<double> own;
+  std::unique_ptr<double[]> own;  // not zeroed: every group zeroes its own partial
   double* partials = static_cast<double*>(p.workspace);
   if (doubles > 0 && (!partials || p.workspace_bytes < doubles * int64_t(sizeof(double)))) {
     if (partials) return "fastnorm_cpu_backward: workspace smaller than fastnorm_cpu_backward_workspace_bytes";
-    own.resize(doubles);
-    partials = own.data();
+    own.reset(new double[doubles]);
+    partials = own.get();
   }
   if (fastnorm_cpu::simd_available()) return backward_simd(p, partials);
   return fastnorm_cpu::dispatch_dtypes(p.dtype, p.wdtype, p.weight || p.dweight || p.dbias, [&](auto tx, auto tw) {
