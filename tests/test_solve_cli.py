@@ -86,3 +86,14 @@ def test_cuda_requested_without_a_gpu(tmp_path, capsys):
     out = tmp_path / "solution.py"
     assert main([str(PROBLEMS_DIR / "rms_norm_channels.py"), "-o", str(out), "--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err and not out.exists()
+
+
+def test_final_check_timed_runs_fit_a_budget_on_cpu():
+    from fastnorm.solve.solver import CPU_TIMING_BUDGET_MS, default_perf_trials
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert default_perf_trials(cuda, 8.0, 0.3) == 100
+    assert default_perf_trials(cpu, 200.0, 100.0) == 20            # 3 s of 200 ms calls: 15, at least 20
+    assert default_perf_trials(cpu, 1.0, 0.5) == 100               # short calls: capped at 100
+    assert default_perf_trials(cpu, 60.0, 50.0) == int(CPU_TIMING_BUDGET_MS / 60.0)
+    assert default_perf_trials(cpu, None, None) == 100             # nothing timed: the old default

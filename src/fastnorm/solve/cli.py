@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: try them all and keep the fastest)")
     parser.add_argument("--tune-trials", type=int, default=20, help="timed runs per launch configuration")
     parser.add_argument("--trials", type=int, default=5, help="correctness trials of the final check")
-    parser.add_argument("--perf-trials", type=int, default=100, help="timed runs of the final check")
+    parser.add_argument("--perf-trials", type=int, default=None,
+                        help="timed runs of the final check (default: 100 on CUDA; on the CPU as many as fit "
+                             "about 3 s of the slower model, 20 to 100)")
     return parser
 
 

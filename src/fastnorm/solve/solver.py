@@ -130,11 +130,29 @@ def _release_memory(device: torch.device) -> None:
             pass
 
 
+# The final check's timed runs when the caller names none: 100 on CUDA; on the CPU, whose calls take
+# 10-1000 ms, as many as fit about CPU_TIMING_BUDGET_MS of the slower model (the reference or the
+# chosen candidate, as the tuning timed them), 20 to 100. On 2 cores a LayerNorm problem's 100 runs
+# took 45 of a solve's 82 s (each trial also flushes the cache and scrubs the 268 MB output), and the
+# median of 20 runs of a 100 ms call is as steady there.
+CPU_TIMING_BUDGET_MS = 3000.0
+
+
+def default_perf_trials(device: torch.device, reference_ms: Optional[float], candidate_ms: Optional[float]) -> int:
+    if device.type != "cpu":
+        return 100
+    slower = max(reference_ms or 0.0, candidate_ms or 0.0)
+    if slower <= 0:
+        return 100
+    return max(20, min(100, int(CPU_TIMING_BUDGET_MS / slower)))
+
+
 def solve(reference, output, *, device: Optional[str] = None, target_speedup: Optional[float] = None,
-          tune_trials: int = 20, eval_trials: int = 5, perf_trials: int = 100,
+          tune_trials: int = 20, eval_trials: int = 5, perf_trials: Optional[int] = None,
           log: Callable[[str], None] = print, verify: Optional[Callable] = None) -> SolveResult:
     """Write a verified ModelNew for `reference` to `output`. Raises UnsupportedProblem (nothing to fuse,
-    nothing written) or SolveFailed (no correct solution, nothing written)."""
+    nothing written) or SolveFailed (no correct solution, nothing written). perf_trials: timed runs of the
+    final check; None picks them (default_perf_trials)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UnsupportedProblem("--device cuda, but torch sees no CUDA device (use --device cpu)")
@@ -182,6 +200,8 @@ def solve(reference, output, *, device: Optional[str] = None, target_speedup: Op
 
         candidate.write_text(plan.render(device.type, threads=best.threads, blocks_per_row=best.blocks_per_row,
                                          tuned_on=device_label(device), selection=selection))
+        if perf_trials is None:
+            perf_trials = default_perf_trials(device, reference_ms, best.ms)
         log(f"verifying with fastnorm eval ({eval_trials} correctness trials, {perf_trials} timing trials)...")
         verification = verify(problem.path, candidate, device=device, trials=eval_trials, perf_trials=perf_trials,
                               log=log, extensions_dir=tuning.extensions_dir)
