@@ -572,3 +572,21 @@ def test_summary_fast_p_and_geomean():
     assert (s["fast_0"], s["fast_1"], s["fast_1.5"], s["fast_2"]) == (0.75, 0.5, 0.25, 0.25)
     assert s["geomean_speedup"] == pytest.approx(math.exp((math.log(4) + math.log(1.2) + math.log(0.5)) / 3))
     assert summarize([CandidateResult("x", "timeout")])["geomean_speedup"] is None
+
+
+def test_compare_over_many_chunks_finds_the_worst_element_and_every_mismatch(monkeypatch):
+    from fastnorm.harness import checks
+
+    monkeypatch.setattr(checks, "CPU_COMPARE_CHUNK_ELEMENTS", 7)  # 5 x 6 x 4 = 120 elements: 18 chunks
+    expected = torch.randn(5, 6, 4, dtype=torch.float64).float()
+    actual = expected.clone()
+    actual[0, 0, 1] += 0.5       # first chunk
+    actual[3, 2, 2] += 2.0       # a later chunk: the worst
+    actual[4, 5, 3] = float("nan")  # the last element
+    result = checks.compare(actual, expected, 1e-4, 1e-4)
+    assert not result.ok and result.mismatches == 3 and result.numel == 120
+    assert result.worst_index == (4, 5, 3)  # NaN against a number: infinitely wrong
+    actual[4, 5, 3] = expected[4, 5, 3]
+    result = checks.compare(actual, expected, 1e-4, 1e-4)
+    assert result.mismatches == 2 and result.worst_index == (3, 2, 2)
+    assert abs(result.max_abs_err - 2.0) < 1e-5
