@@ -10,11 +10,10 @@ autograd.Function around the same kernels, with the op's backward: the same bits
 import torch
 
 from fastnorm.ops import extension, norm_ops
+from fastnorm.ops.direct import _dispatch_modes, _is_wrapped  # with their fallbacks for older torch
 
 _is_compiling = torch.compiler.is_compiling
 _tracing = torch._C._get_tracing_state
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 _Tensor = torch.Tensor
 
 
