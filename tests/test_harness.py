@@ -15,6 +15,7 @@ import torch
 
 from fastnorm.harness import VERDICTS, CandidateResult, EvaluationError, evaluate
 from fastnorm.harness import checks, cli, messages, shared_tensors
+from fastnorm.harness.timing_verdict import FLOOR_MARGIN
 from fastnorm.harness.channel import ProtocolError, decode_value, encode_value, tensor_leaves
 from fastnorm.harness.report import summarize
 from fastnorm.harness.tamper import ModuleSnapshot
@@ -317,7 +318,10 @@ def test_class_option_and_physical_floor(quiet_children):
     honest = evaluate(LARGE, [cand("no_modelnew")], device="cpu", class_name="LayerNormFast", trials=1,
                       perf_trials=5, warmup=1, timeout=120)
     assert honest.results[0].verdict == "ok", honest.results[0].message
-    assert honest.results[0].cand_ms > honest.baseline.floor_ms
+    # Not above the floor itself: on a loaded 2-core machine the copy that sets the floor can measure
+    # slower than an honest LayerNorm of the same bytes (CI: 1.60 against a 1.65 ms floor); the verdict
+    # allows for that with FLOOR_MARGIN, and so does this check.
+    assert honest.results[0].cand_ms > FLOOR_MARGIN * honest.baseline.floor_ms
 
 
 def test_hang_is_killed_at_the_timeout(quiet_children):
