@@ -166,6 +166,31 @@ C10_ALWAYS_INLINE void grad_and_xhat(const TX* x, const TX* dy, const TW* w, con
   }
 }
 
+// dx at one step: rstd * (g - a - xhat * c), a = mean(g) (0 for RMSNorm), c = mean(g * xhat).
+template <class TX>
+C10_ALWAYS_INLINE void store_dx_step(TX* dx, const StepSpan& s, const Vectorized<compute_t<TX>>* g,
+                                     const Vectorized<compute_t<TX>>* xhat, const Vectorized<compute_t<TX>>& a,
+                                     const Vectorized<compute_t<TX>>& c, const Vectorized<compute_t<TX>>& rstd) {
+  Vectorized<compute_t<TX>> d[Step<TX>::kParts];
+  for (int q = 0; q < Step<TX>::kParts; ++q) d[q] = rstd * ((g[q] - a) - xhat[q] * c);
+  store_span(dx, s, d);
+}
+
+// dy * xhat and dy added into the fp32 accumulators acc_w / acc_b (null: not wanted) at one step;
+// lanes seen before must already be zero in dyv and xhat (keep_new): they add nothing, even an Inf dy.
+template <class TX>
+C10_ALWAYS_INLINE void add_param_terms(const StepSpan& s, const Vectorized<compute_t<TX>>* dyv,
+                                       const Vectorized<compute_t<TX>>* xhat, compute_t<TX>* acc_w,
+                                       compute_t<TX>* acc_b) {
+  using S = Step<TX>;
+  using V = typename S::V;
+  for (int q = 0; q < S::kParts; ++q) {
+    const int64_t at_q = s.pos + q * S::kWidth;
+    if (acc_w) (V::loadu(acc_w + at_q) + dyv[q] * xhat[q]).store(acc_w + at_q);
+    if (acc_b) (V::loadu(acc_b + at_q) + dyv[q]).store(acc_b + at_q);
+  }
+}
+
 struct GradSums {
   double g, gx;  // sums of g and of g * xhat
 };
@@ -189,13 +214,13 @@ C10_ALWAYS_INLINE GradSums chunk_grad_sums(const TX* x, const TX* dy, const TW* 
     grad_and_xhat<TX, TW, kW>(x, dy, w, s, k, g, xhat, dyv);
     keep_new<TX>(s, g);
     keep_new<TX>(s, xhat);
-    if (acc_w || acc_b) keep_new<TX>(s, dyv);  // a lane seen before adds nothing, even an Inf dy
     for (int q = 0; q < S::kParts; ++q) {
       sgu[q] = sgu[q] + g[q];
       sgxu[q] = at::vec::fmadd(g[q], xhat[q], sgxu[q]);
-      const int64_t at_q = s.pos + q * S::kWidth;
-      if (acc_w) (V::loadu(acc_w + at_q) + dyv[q] * xhat[q]).store(acc_w + at_q);
-      if (acc_b) (V::loadu(acc_b + at_q) + dyv[q]).store(acc_b + at_q);
+    }
+    if (acc_w || acc_b) {
+      keep_new<TX>(s, dyv);
+      add_param_terms<TX>(s, dyv, xhat, acc_w, acc_b);
     }
   };
   int64_t e = 0;
@@ -227,9 +252,7 @@ C10_ALWAYS_INLINE void run_dx(const TX* x, const TX* dy, const TW* w, TX* dx, in
   for_each_step<TX>(len, [&](const StepSpan& s) {
     V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
     grad_and_xhat<TX, TW, kW>(x, dy, w, s, k, g, xhat, dyv);
-    V d[S::kParts];
-    for (int q = 0; q < S::kParts; ++q) d[q] = rstd * ((g[q] - av) - xhat[q] * cv);
-    store_span(dx, s, d);
+    store_dx_step(dx, s, g, xhat, av, cv, rstd);
   });
 }
 
@@ -351,18 +374,10 @@ void backward_columns(const NormBackwardParams& p) {
         for_each_step<TX>(len, [&](const StepSpan& s) {
           V g[S::kParts], xhat[S::kParts], dyv[S::kParts];
           grad_and_xhat<TX, TW, kW>(xr, dyr, wb, s, coeffs[r], g, xhat, dyv);
-          if (dxr) {
-            V d[S::kParts];
-            for (int q = 0; q < S::kParts; ++q) d[q] = rstd * ((g[q] - a) - xhat[q] * c);
-            store_span(dxr, s, d);
-          }
-          keep_new<TX>(s, dyv);  // lanes seen before add nothing
+          if (dxr) store_dx_step(dxr, s, g, xhat, a, c, rstd);
+          keep_new<TX>(s, dyv);
           keep_new<TX>(s, xhat);
-          for (int q = 0; q < S::kParts; ++q) {
-            const int64_t at_q = s.pos + q * S::kWidth;
-            if (dw) (V::loadu(acc_w + at_q) + dyv[q] * xhat[q]).store(acc_w + at_q);
-            if (db) (V::loadu(acc_b + at_q) + dyv[q]).store(acc_b + at_q);
-          }
+          add_param_terms<TX>(s, dyv, xhat, dw ? acc_w : nullptr, db ? acc_b : nullptr);
         });
         if ((r + 1) % kFlushRows == 0 || r + 1 == rows) {  // fp32 -> double
           for (int64_t j = 0; j < len; ++j) {
