@@ -13,7 +13,6 @@ within 2% of each other and within 3% of the in-process median, IQR at most 5% o
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -24,29 +23,17 @@ from pathlib import Path
 import torch
 
 from fastnorm.harness import evaluate
+from fastnorm.harness.loading import build_model, load_module, make_inputs, to_device
 from fastnorm.harness.timing import time_callable
 
 
-def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def to_cuda(values):
-    return [v.cuda() if isinstance(v, torch.Tensor) else v for v in values]
-
-
 def in_process(reference: Path, candidate: Path, trials: int, seed: int) -> dict:
-    """ModelNew (and the reference Model) timed in this process by the evaluator's timing loop."""
-    ref, cand = load(reference, "steadiness_reference"), load(candidate, "steadiness_candidate")
-    torch.manual_seed(seed)
-    init = to_cuda(ref.get_init_inputs())
-    torch.manual_seed(seed)
-    model = cand.ModelNew(*init).cuda()
-    torch.manual_seed(seed + 1)
-    inputs = to_cuda(ref.get_inputs())
+    """ModelNew timed in this process by the evaluator's timing loop, built and fed as the evaluator does."""
+    device = torch.device("cuda")
+    ref = load_module(str(reference), "steadiness_reference")
+    cand = load_module(str(candidate), "steadiness_candidate")
+    model = build_model(cand.ModelNew, to_device(list(ref.get_init_inputs()), device), seed, device)
+    inputs = make_inputs(ref, seed + 1, device)
 
     def call():
         with torch.no_grad():
@@ -54,7 +41,7 @@ def in_process(reference: Path, candidate: Path, trials: int, seed: int) -> dict
 
     out = {}
     for name, include_host in (("host_included", True), ("device_only", False)):
-        stats = time_callable(call, device=torch.device("cuda"), trials=trials, warmup=3, include_host=include_host)
+        stats = time_callable(call, device=device, trials=trials, warmup=3, include_host=include_host)
         out[name] = {"median_ms": stats.median_ms, "iqr_ms": stats.iqr_ms, "min_ms": stats.min_ms}
     return out
 
