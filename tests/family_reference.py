@@ -26,11 +26,13 @@ def _channel_shape(x):
     return (1, x.shape[1]) + (1,) * (x.dim() - 2)
 
 
-def _affine(y, weight, bias, x):
+def _affine(y, weight, bias, x, activation=0):
     if weight is not None:
         y = y * weight.double().reshape(_channel_shape(x))
     if bias is not None:
         y = y + bias.double().reshape(_channel_shape(x))
+    if activation == 1:  # SiLU, before the one rounding, as the kernels apply it
+        y = F.silu(y)
     return y.to(x.dtype).contiguous()
 
 
@@ -41,12 +43,12 @@ def _centered(a, dims, first):
     return shifted - shifted.mean(dims, keepdim=True)
 
 
-def group_norm_forward(x, weight, bias, groups, eps):
+def group_norm_forward(x, weight, bias, groups, eps, activation=0):
     xg = x.double().reshape(x.shape[0], groups, math.prod(x.shape[1:]) // groups)  # -1 fails when empty
     centered = _centered(xg, -1, xg[..., :1])
     var = centered.pow(2).mean(-1)
     y = (centered * torch.rsqrt(var[..., None] + eps)).reshape(x.shape)
-    return [_affine(y, weight, bias, x), xg.mean(-1).to(_acc(x)), var.to(_acc(x))]
+    return [_affine(y, weight, bias, x, activation), xg.mean(-1).to(_acc(x)), var.to(_acc(x))]
 
 
 def batch_norm_forward(x, weight, bias, mean, var, eps):

@@ -39,6 +39,8 @@ def test_solution_matches_problem_at_small_sizes(name):
         inputs = problem.get_inputs()
         expected, got = model(*inputs), new(*inputs)
         assert got.shape == expected.shape and got.dtype == expected.dtype
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        # bf16 / fp16 problems: both round to a few ulps of their dtype, in different places
+        rtol, atol = (1e-4, 1e-5) if got.dtype in (torch.float32, torch.float64) else (2e-2, 2e-2)
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
     for (key, a), (_, b) in zip(model.state_dict().items(), new.state_dict().items()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=key)

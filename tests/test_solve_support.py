@@ -62,8 +62,8 @@ STUB_EXTENSION = textwrap.dedent('''
             return torch.float64 if x.dtype == torch.float64 else torch.float32
 
         @classmethod
-        def group_norm_forward(cls, x, weight, bias, groups, eps):
-            assert x.dim() >= 2 and x.shape[1] % groups == 0 and isinstance(eps, float)
+        def group_norm_forward(cls, x, weight, bias, groups, eps, activation=0):
+            assert x.dim() >= 2 and x.shape[1] % groups == 0 and isinstance(eps, float) and activation == 0
             n = x.shape[0]
             xg = x.double().reshape(n, groups, -1)
             mean, var = xg.mean(-1), xg.var(-1, unbiased=False)

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from fastnorm.ops.family_functional import batch_norm, group_norm, instance_norm
+from fastnorm.ops.family_ops import activation_code
 
 
 class _BatchNormForward:
@@ -60,7 +61,19 @@ class InstanceNorm3d(_InstanceNormApply, nn.InstanceNorm3d):
 
 
 class GroupNorm(nn.GroupNorm):
-    """torch.nn.GroupNorm on fastnorm kernels: input (N, C, *)."""
+    """torch.nn.GroupNorm on fastnorm kernels: input (N, C, *). activation="silu" makes it GroupNorm then
+    SiLU in one kernel pass (nn.Sequential(nn.GroupNorm(...), nn.SiLU()) of diffusion blocks); the
+    parameters and state_dict are nn.GroupNorm's either way."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, device=None,
+                 dtype=None, activation=None):
+        activation_code(activation)  # a bad name fails here, not at the first forward
+        super().__init__(num_groups, num_channels, eps, affine, device=device, dtype=dtype)
+        self.activation = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+        return group_norm(input, self.num_groups, self.weight, self.bias, self.eps, activation=self.activation)
+
+    def extra_repr(self) -> str:
+        extra = super().extra_repr()
+        return extra if self.activation is None else f"{extra}, activation={self.activation!r}"

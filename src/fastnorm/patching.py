@@ -9,9 +9,15 @@ candidate on a small random probe. The probe also finds the variant: the scale `
 (Gemma), and which dtype the output takes when the input and weight dtypes differ. The replacement holds
 the original's Parameter objects (nothing is copied, state_dict keys stay), its buffers (running
 statistics, updated in place) and the original module itself, which `unpatch` puts back.
+
+GroupNorm -> SiLU pairs (with `family` and `fuse_silu`) become one fastnorm.GroupNorm(activation="silu")
+pass where the structure shows the pair and the forward provably stays the same: in an nn.Sequential, a
+GroupNorm immediately followed by an nn.SiLU (the SiLU's slot becomes an nn.Identity, so indices stay);
+and in ResnetBlock2D-shaped blocks (diffusers' UNet / VAE), see _resnet_block_forward.
 """
 import inspect
 import math
+import types
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -20,6 +26,7 @@ from torch.func import functional_call
 
 from fastnorm import family_modules
 from fastnorm.modules import LayerNorm, RMSNorm
+from fastnorm.ops.family_functional import group_norm
 from fastnorm.ops.functional import rms_norm
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -361,27 +368,234 @@ def _child_slots(parent: nn.Module, prefix: str = ""):
         yield from _child_slots(child, path)
 
 
-def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, family: bool = True) -> PatchReport:
+# ---- GroupNorm -> SiLU fusion ----------------------------------------------------------------------
+
+_FUSED_FORWARD = "_fastnorm_fused_forward"  # marks a block whose forward patch set on the instance
+
+
+def _plain_group_norm(module) -> bool:
+    """An nn.GroupNorm or a fastnorm.GroupNorm without an activation (not another subclass)."""
+    return type(module) is nn.GroupNorm or (type(module) is family_modules.GroupNorm and module.activation is None)
+
+
+def _fused_group_norm(module: nn.GroupNorm) -> nn.Module:
+    """fastnorm.GroupNorm(activation="silu") holding `module`'s parameters; unpatch puts back the
+    original nn.GroupNorm (module itself, or what an earlier patch replaced)."""
+    new = family_modules.GroupNorm(module.num_groups, module.num_channels, module.eps, module.affine, device="meta",
+                                   activation="silu")
+    _adopt(new, module, tuple(module._parameters))
+    new.__dict__[_ORIGINAL] = vars(module).get(_ORIGINAL, module)
+    return new
+
+
+def _identity_for(module: nn.Module) -> nn.Module:
+    new = nn.Identity()
+    new.train(module.training)
+    new.__dict__[_ORIGINAL] = module
+    return new
+
+
+def _sequential_pairs(model: nn.Module, skipped: list) -> dict:
+    """{(id(parent), name): (replacement, note)} for each GroupNorm immediately followed by nn.SiLU in an
+    nn.Sequential (its forward feeds each module's output to the next, nothing else sees the GroupNorm's
+    output): the GroupNorm slot gets the fused module, the SiLU slot an nn.Identity."""
+    overrides = {}
+    for path, seq in model.named_modules(remove_duplicate=False):
+        if type(seq) is not nn.Sequential:  # a subclass may have its own forward
+            continue
+        items = [(name, m) for name, m in seq._modules.items() if m is not None]
+        for (gn_name, gn), (act_name, act) in zip(items, items[1:]):
+            if not (_plain_group_norm(gn) and type(act) is nn.SiLU):
+                continue
+            try:
+                _check_replaceable(gn)
+                _check_replaceable(act)  # a hook on the SiLU would see nothing once it is an Identity
+            except _Rejected as why:
+                skipped.append(Skipped(f"{path}.{gn_name}" if path else gn_name, _class_name(gn),
+                                       f"not fused with the SiLU after it: {why}"))
+                continue
+            overrides[(id(seq), gn_name)] = (_fused_group_norm(gn), f"fused with the SiLU at {act_name}")
+            overrides[(id(seq), act_name)] = (_identity_for(act), f"SiLU fused into {gn_name}")
+    return overrides
+
+
+def _group_norm_silu(norm, x, nonlinearity):
+    """nonlinearity(norm(x)) in one fused pass where norm is still a plain GroupNorm without hooks (added
+    after patch, they must still run), else as written."""
+    if _plain_group_norm(norm) and not (norm._forward_hooks or norm._forward_pre_hooks):
+        return group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps, activation="silu")
+    return nonlinearity(norm(x))
+
+
+# diffusers' ResnetBlock2D (src/diffusers/models/resnet.py) computes
+#   h = nonlinearity(norm1(x)); [up/downsample x and h]; h = conv1(h)
+#   temb = time_emb_proj(nonlinearity(temb)) (nonlinearity skipped with skip_time_act)
+#   "default": h = nonlinearity(norm2(h + temb));  "scale_shift": h = nonlinearity(norm2(h) * (1 + s) + t)
+#   out = (conv_shortcut(x) + conv2(dropout(h))) / output_scale_factor
+# The one `nonlinearity` module also activates temb, so it cannot become an Identity, and the GroupNorm
+# modules cannot carry the SiLU themselves (the class forward would then apply it twice). Decision: keep
+# norm1 / norm2 as (plain) fastnorm GroupNorms and set this forward on the instance: the same steps, with
+# norm1 -> SiLU, and norm2 -> SiLU in "default" mode (in "scale_shift" the modulation sits in between:
+# not fused), each one fused call. A call with more arguments (older diffusers' `scale`) runs the class
+# forward, and patch only installs this forward after it matched the class forward on a probe.
+_RESNET_CHILDREN = {"norm1", "norm2", "conv1", "conv2", "dropout", "nonlinearity", "time_emb_proj", "conv_shortcut",
+                    "upsample", "downsample"}
+_RESNET_ATTRIBUTES = ("time_emb_proj", "upsample", "downsample", "conv_shortcut", "skip_time_act",
+                      "time_embedding_norm", "output_scale_factor")
+
+
+def _resnet_block_forward(self, input_tensor, temb=None, *args, **kwargs):
+    if args or kwargs or type(self.nonlinearity) is not nn.SiLU:
+        return type(self).forward(self, input_tensor, temb, *args, **kwargs)
+    hidden = _group_norm_silu(self.norm1, input_tensor, self.nonlinearity)
+    if self.upsample is not None:
+        if hidden.shape[0] >= 64:
+            input_tensor, hidden = input_tensor.contiguous(), hidden.contiguous()
+        input_tensor, hidden = self.upsample(input_tensor), self.upsample(hidden)
+    elif self.downsample is not None:
+        input_tensor, hidden = self.downsample(input_tensor), self.downsample(hidden)
+    hidden = self.conv1(hidden)
+    if self.time_emb_proj is not None:
+        if not self.skip_time_act:
+            temb = self.nonlinearity(temb)
+        temb = self.time_emb_proj(temb)[:, :, None, None]
+    if self.time_embedding_norm == "default":
+        if temb is not None:
+            hidden = hidden + temb
+        hidden = _group_norm_silu(self.norm2, hidden, self.nonlinearity)
+    else:  # "scale_shift" (the only other mode patch accepts)
+        if temb is None:
+            raise ValueError(f"`temb` should not be None when `time_embedding_norm` is {self.time_embedding_norm}")
+        time_scale, time_shift = torch.chunk(temb, 2, dim=1)
+        hidden = self.nonlinearity(self.norm2(hidden) * (1 + time_scale) + time_shift)
+    hidden = self.conv2(self.dropout(hidden))
+    if self.conv_shortcut is not None:
+        input_tensor = self.conv_shortcut(input_tensor.contiguous())
+    return (input_tensor + hidden) / self.output_scale_factor
+
+
+def _looks_like_resnet_block(module: nn.Module) -> Optional[str]:
+    """None if `module` has ResnetBlock2D's structure (its children, attributes, GroupNorm norms and an
+    nn.SiLU nonlinearity), else why not. Checked by structure, never by class name."""
+    children = set(module._modules)
+    if not {"norm1", "norm2", "conv1", "conv2", "dropout", "nonlinearity"} <= children:
+        return "not ResnetBlock2D-shaped"
+    if children - _RESNET_CHILDREN:
+        return f"submodules {sorted(children - _RESNET_CHILDREN)} that ResnetBlock2D does not have"
+    if any(not hasattr(module, name) for name in _RESNET_ATTRIBUTES):
+        return "lacks ResnetBlock2D's attributes"
+    if type(module.nonlinearity) is not nn.SiLU:
+        return "nonlinearity is not nn.SiLU"
+    if not (_plain_group_norm(module.norm1) and _plain_group_norm(module.norm2)):
+        return "norm1 / norm2 are not nn.GroupNorm"
+    if module.time_embedding_norm not in ("default", "scale_shift"):
+        return f"time_embedding_norm {module.time_embedding_norm!r}"
+    if _FUSED_FORWARD in vars(module):
+        return "already fused"
+    if "forward" in vars(module):
+        return "its forward is replaced on the instance (e.g. by accelerate)"
+    try:
+        names = list(inspect.signature(module.forward).parameters)[:2]
+    except (TypeError, ValueError):
+        return "forward's signature cannot be read"
+    if names != ["input_tensor", "temb"]:
+        return f"forward{inspect.signature(module.forward)} is not (input_tensor, temb, ...)"
+    for name in ("norm1", "norm2", "nonlinearity"):  # called no more (or not on the hidden states): hooks would be lost
+        try:
+            _check_replaceable(getattr(module, name))
+        except _Rejected as why:
+            return f"{name} {why}"
+    return None
+
+
+def _probe_resnet_block(block: nn.Module) -> None:
+    """_Rejected unless _resnet_block_forward gives the class forward's output on a random probe (same
+    random state for both runs, so dropout in training mode draws the same mask)."""
+    weight = block.conv1.weight
+    if weight.device.type == "meta":
+        raise _Rejected("parameters on the meta device: its forward cannot be checked (patch after loading weights)")
+    device, dtype = weight.device, weight.dtype
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((2, block.norm1.num_channels, 8, 8), generator=gen).to(device, dtype)
+    temb = None
+    if block.time_emb_proj is not None:
+        features = getattr(block.time_emb_proj, "in_features", None)
+        if not isinstance(features, int):
+            raise _Rejected("time_emb_proj has no in_features: no probe for temb")
+        temb = torch.randn((2, features), generator=gen).to(device, dtype)
+    outputs = []
+    for forward in (type(block).forward, _resnet_block_forward):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            torch.manual_seed(0)
+            try:
+                outputs.append(forward(block, x, temb))
+            except Exception as error:
+                raise _Rejected(f"forward failed on a probe of shape {tuple(x.shape)}: {error}") from None
+    expected, got = outputs
+    if not isinstance(expected, torch.Tensor) or expected.shape != got.shape:
+        raise _Rejected("forward does not return a tensor of the fused forward's shape")
+    error = _max_error(got, expected)
+    if not error <= (3e-2 if dtype in _HALF else 1e-4):  # NaN fails too
+        raise _Rejected(f"its forward is not ResnetBlock2D's: the fused forward differs by {error:.2g} (relative)")
+
+
+def _resnet_blocks(model: nn.Module, skipped: list) -> list:
+    """(path, block) of every ResnetBlock2D-shaped module (the model itself included) whose probe passed."""
+    blocks, seen = [], set()
+    for path, module in model.named_modules():
+        if id(module) in seen or "nonlinearity" not in module._modules:
+            continue
+        seen.add(id(module))
+        why_not = _looks_like_resnet_block(module)
+        if why_not is None:
+            try:
+                _probe_resnet_block(module)
+            except _Rejected as why:
+                why_not = str(why)
+            else:
+                blocks.append((path or "(root)", module))
+                continue
+        if "norm1" in module._modules and why_not != "already fused":
+            skipped.append(Skipped(path or "(root)", _class_name(module), f"GroupNorm + SiLU not fused: {why_not}"))
+    return blocks
+
+
+def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, family: bool = True,
+          fuse_silu: bool = True) -> PatchReport:
     """Replace, in place, the LayerNorm and RMSNorm modules of `model` (and, with `family`, its BatchNorm,
     InstanceNorm and GroupNorm modules) by fastnorm modules holding the same Parameter and buffer
-    objects; return a PatchReport of what was replaced and what was left and why.
-    `unpatch(model)` puts the original modules back."""
+    objects; return a PatchReport of what was replaced and what was left and why. With `family` and
+    `fuse_silu`, GroupNorm -> SiLU pairs run as one fused pass where the structure shows them (module
+    docstring). `unpatch(model)` puts the original modules (and forwards) back."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"fastnorm.patch expects a torch.nn.Module, got {type(model).__name__}")
     replaced, skipped = [], []
     if _replacement_or_reason(model, layer_norm, rms_norm, family)[0] is not None:
         skipped.append(Skipped("(root)", _class_name(model), "the model itself is a norm: patch a module that holds it"))
+    fuse = family and fuse_silu
+    overrides = _sequential_pairs(model, skipped) if fuse else {}  # per slot: a shared GroupNorm elsewhere stays plain
+    blocks = _resnet_blocks(model, skipped) if fuse else []
     done = {}  # id(original) -> (replacement, note): a shared module gets one replacement
     for path, parent, name, child in list(_child_slots(model)):
-        if id(child) not in done:
-            done[id(child)] = _replacement_or_reason(child, layer_norm, rms_norm, family)
-        new, note = done[id(child)]
+        override = overrides.get((id(parent), name))
+        if override is not None:
+            new, note = override
+        else:
+            if id(child) not in done:
+                done[id(child)] = _replacement_or_reason(child, layer_norm, rms_norm, family)
+            new, note = done[id(child)]
         if new is None:
             if note:
                 skipped.append(Skipped(path, _class_name(child), note))
             continue
         setattr(parent, name, new)
         replaced.append(Replaced(path, _class_name(child), _class_name(new), note))
+    for path, block in blocks:
+        block.forward = types.MethodType(_resnet_block_forward, block)
+        block.__dict__[_FUSED_FORWARD] = True
+        modes = "norm1" + (" and norm2" if block.time_embedding_norm == "default" else "")
+        replaced.append(Replaced(path, _class_name(block), f"{_class_name(block)} (fused forward)",
+                                 f"{modes} fused with the SiLU after them"))
     return PatchReport(replaced, skipped)
 
 
@@ -402,4 +616,8 @@ def unpatch(model: nn.Module) -> List[str]:
         original.train(child.training)
         setattr(parent, name, original)
         restored.append(path)
+    for path, module in model.named_modules():
+        if vars(module).pop(_FUSED_FORWARD, None):
+            vars(module).pop("forward", None)
+            restored.append(path or "(root)")
     return restored

@@ -25,8 +25,10 @@ std::vector<at::Tensor> add_norm_forward(const at::Tensor& x, const at::Tensor& 
                                          bool residual_in_fp32);
 
 // The normalization family (family_binding.cpp); semantics in ops/family_ops.py and FamilyParams.
+// activation: FamilyActivation (0 none, 1 SiLU), applied to y in the same pass.
 std::vector<at::Tensor> group_norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
-                                           const c10::optional<at::Tensor>& bias, int64_t groups, double eps);
+                                           const c10::optional<at::Tensor>& bias, int64_t groups, double eps,
+                                           int64_t activation);
 
 std::vector<at::Tensor> batch_norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                                            const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mean,

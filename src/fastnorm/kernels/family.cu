@@ -20,6 +20,7 @@ const char* fastnorm_cuda_family(const FamilyParams& p, void* stream) {
       p.groups <= 0 || p.channels % p.groups != 0 || p.numel % p.row_len != 0) {
     return "fastnorm_cuda_family: inconsistent parameters";
   }
+  if (p.activation != FN_ACT_NONE && p.activation != FN_ACT_SILU) return "fastnorm_cuda_family: unknown activation";
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
 #ifdef FASTNORM_WANT_F32

@@ -111,12 +111,15 @@ std::vector<int64_t> batch_channel_spatial(const at::Tensor& x, const char* op) 
 }  // namespace
 
 std::vector<at::Tensor> group_norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
-                                           const c10::optional<at::Tensor>& bias, int64_t groups, double eps) {
+                                           const c10::optional<at::Tensor>& bias, int64_t groups, double eps,
+                                           int64_t activation) {
   const char* op = "group_norm";
   const auto ncs = batch_channel_spatial(x, op);
   const int64_t n = ncs[0], ch = ncs[1], spatial = ncs[2];
   TORCH_CHECK(groups > 0 && ch % groups == 0, "fastnorm.group_norm: ", groups, " groups do not divide ", ch,
               " channels");
+  TORCH_CHECK(activation == FN_ACT_NONE || activation == FN_ACT_SILU, "fastnorm.group_norm: activation code ",
+              activation, " is not 0 (none) or 1 (silu)");
   FamilyCall c = start_call(x, op);
   set_affine(c, weight, bias, ch, op);
   at::Tensor mean = at::empty({n, groups}, x.options().dtype(c.acc));
@@ -138,6 +141,7 @@ std::vector<at::Tensor> group_norm_forward(const at::Tensor& x, const c10::optio
   p.coeffs = n * ch;
   p.channels = ch;
   p.groups = groups;
+  p.activation = int(activation);
   run_family(c);
   return {c.y, mean, var};
 }

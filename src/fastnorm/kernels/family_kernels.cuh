@@ -230,16 +230,28 @@ __global__ void __launch_bounds__(kThreads) coefficients_kernel(FamilyParams p, 
   out[2] = A(b - (mean - double(center)) * scale);
 }
 
-template <typename T, typename A>
-__device__ __forceinline__ T apply_one(T x, A center, A scale, A offset) {
-  return from_acc<T>(fma(to_acc(x) - center, scale, offset));
+// The output epilogue: z as is, or silu(z) = z / (1 + exp(-z)) (exp to inf for z < -88 in float: z / inf
+// = -0, the limit; NaN stays NaN). A compile-time flag: the plain kernels keep their code and registers.
+template <int kAct>
+__device__ __forceinline__ float activate(float z) {
+  return kAct == FN_ACT_SILU ? z / (1.0f + expf(-z)) : z;
 }
 
-// y = (x - center) * scale + offset over rows of at least kLongRow elements: block b is piece
+template <int kAct>
+__device__ __forceinline__ double activate(double z) {
+  return kAct == FN_ACT_SILU ? z / (1.0 + exp(-z)) : z;
+}
+
+template <int kAct, typename T, typename A>
+__device__ __forceinline__ T apply_one(T x, A center, A scale, A offset) {
+  return from_acc<T>(activate<kAct>(fma(to_acc(x) - center, scale, offset)));
+}
+
+// y = act((x - center) * scale + offset) over rows of at least kLongRow elements: block b is piece
 // b % per_row of row b / per_row.
 constexpr int64_t kLongRow = 2048;
 
-template <typename T>
+template <typename T, int kAct>
 __global__ void __launch_bounds__(kThreads) apply_rows_kernel(FamilyParams p, const typename AccOf<T>::type* coeffs,
                                                               int64_t per_row, int64_t piece) {
   using A = typename AccOf<T>::type;
@@ -253,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) apply_rows_kernel(FamilyParams p, co
   // Vectors where x and y sit at the same offset from a 16-byte boundary (a scalar head first).
   const bool together = ((reinterpret_cast<uintptr_t>(x) ^ reinterpret_cast<uintptr_t>(y)) & 15) == 0;
   const int64_t head = together ? head_elements(x, len) : len, vecs = (len - head) / V;
-  for (int64_t i = threadIdx.x; i < head; i += kThreads) y[i] = apply_one(x[i], center, scale, offset);
+  for (int64_t i = threadIdx.x; i < head; i += kThreads) y[i] = apply_one<kAct>(x[i], center, scale, offset);
   const Vec<T, V>* vx = reinterpret_cast<const Vec<T, V>*>(x + head);
   Vec<T, V>* vy = reinterpret_cast<Vec<T, V>*>(y + head);
   for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
@@ -261,21 +273,36 @@ __global__ void __launch_bounds__(kThreads) apply_rows_kernel(FamilyParams p, co
     A a[V];
     widen(v.v, a);
 #pragma unroll
-    for (int e = 0; e < V; ++e) a[e] = fma(a[e] - center, scale, offset);
+    for (int e = 0; e < V; ++e) a[e] = activate<kAct>(fma(a[e] - center, scale, offset));
     store_vec(vy + i, pack<T>(a));
   }
-  for (int64_t i = head + vecs * V + threadIdx.x; i < len; i += kThreads) y[i] = apply_one(x[i], center, scale, offset);
+  for (int64_t i = head + vecs * V + threadIdx.x; i < len; i += kThreads) y[i] = apply_one<kAct>(x[i], center, scale, offset);
 }
 
 // The same for short rows, one element at a time over the whole tensor.
-template <typename T>
+template <typename T, int kAct>
 __global__ void __launch_bounds__(kThreads) apply_elements_kernel(FamilyParams p, const typename AccOf<T>::type* coeffs) {
   using A = typename AccOf<T>::type;
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < p.numel; e += int64_t(gridDim.x) * kThreads) {
     const A* k = coeffs + 3 * ((e / p.row_len) % p.coeffs);
-    y[e] = apply_one(x[e], k[0], k[1], k[2]);
+    y[e] = apply_one<kAct>(x[e], k[0], k[1], k[2]);
+  }
+}
+
+// The output pass, the activation (FamilyActivation) fused in as its epilogue.
+template <typename T, int kAct>
+static void launch_apply(const FamilyParams& p, const typename AccOf<T>::type* coeffs, cudaStream_t stream) {
+  if (p.row_len >= kLongRow) {
+    const int64_t piece = int64_t(kThreads) * (16 / sizeof(T)) * 4;
+    const int64_t per_row = (p.row_len + piece - 1) / piece;
+    apply_rows_kernel<T, kAct><<<unsigned(p.numel / p.row_len * per_row), kThreads, 0, stream>>>(p, coeffs, per_row,
+                                                                                                 piece);
+  } else {
+    const int64_t blocks = (p.numel + kThreads * 4 - 1) / (kThreads * 4);
+    const int64_t cap = int64_t(device_info().sms) * 32;
+    apply_elements_kernel<T, kAct><<<unsigned(blocks < cap ? blocks : cap), kThreads, 0, stream>>>(p, coeffs);
   }
 }
 
@@ -291,15 +318,10 @@ static const char* run_family(const FamilyParams& p, cudaStream_t stream) {
         p, pl, ws);
   }
   coefficients_kernel<A, kStat><<<unsigned((p.coeffs + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, ws);
-  if (p.row_len >= kLongRow) {
-    const int64_t piece = int64_t(kThreads) * (16 / sizeof(T)) * 4;
-    const int64_t per_row = (p.row_len + piece - 1) / piece;
-    apply_rows_kernel<T><<<unsigned(p.numel / p.row_len * per_row), kThreads, 0, stream>>>(p, ws.coeffs, per_row,
-                                                                                           piece);
+  if (p.activation == FN_ACT_SILU) {
+    launch_apply<T, FN_ACT_SILU>(p, ws.coeffs, stream);
   } else {
-    const int64_t blocks = (p.numel + kThreads * 4 - 1) / (kThreads * 4);
-    const int64_t cap = int64_t(device_info().sms) * 32;
-    apply_elements_kernel<T><<<unsigned(blocks < cap ? blocks : cap), kThreads, 0, stream>>>(p, ws.coeffs);
+    launch_apply<T, FN_ACT_NONE>(p, ws.coeffs, stream);
   }
   return launch_result(cudaGetLastError());
 }

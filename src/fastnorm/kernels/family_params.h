@@ -23,6 +23,10 @@
 // the set's size first when p_mean is set).
 enum FamilyStat { FN_STAT_MEAN_VAR = 0, FN_STAT_ABS_SUM = 1, FN_STAT_SQUARE_SUM = 2 };
 
+// Activation applied to y in the output pass, in the accumulator dtype before the cast to x's dtype
+// (GroupNorm -> SiLU of diffusion blocks in one pass): y = z * sigmoid(z), z the normalized value.
+enum FamilyActivation { FN_ACT_NONE = 0, FN_ACT_SILU = 1 };
+
 struct FamilyParams {
   const void* x;  // contiguous, `numel` elements of `dtype` (FastnormDtype)
   void* y;        // contiguous, same shape and dtype
@@ -44,6 +48,7 @@ struct FamilyParams {
   const void* weight;  // `channels` values of wdtype each, or null
   const void* bias;
   int wdtype;  // FastnormDtype of weight / bias (x's dtype or the accumulator dtype), FN_NONE without
+  int activation;  // FamilyActivation of the output
 
   // CUDA scratch (partial statistics and coefficients), sized by fastnorm_cuda_family_workspace_bytes.
   void* workspace;

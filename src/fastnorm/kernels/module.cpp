@@ -126,8 +126,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"),
         py::arg("end_dim"), py::arg("eps"), py::arg("rms"), py::arg("residual_in_fp32"));
   m.def("group_norm_forward", &group_norm_forward,
-        "(y, mean, var): GroupNorm of x (N, C, *) with per-channel weight / bias; mean, var (N, groups)",
-        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("groups"), py::arg("eps"));
+        "(y, mean, var): GroupNorm of x (N, C, *) with per-channel weight / bias, then the activation "
+        "(0 none, 1 SiLU) in the same pass; mean, var (N, groups)",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("groups"), py::arg("eps"), py::arg("activation") = 0);
   m.def("batch_norm_forward", &batch_norm_forward,
         "(y, mean, var): BatchNorm of x (N, C, *) with the given per-channel mean / var, or the batch's",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("var"), py::arg("eps"));

@@ -32,6 +32,10 @@ struct Coeff {
   double center, scale, offset;
 };
 
+// The SiLU epilogue (FN_ACT_SILU): z * sigmoid(z), written z / (1 + exp(-z)), which goes to -0 where exp
+// overflows and keeps NaN.
+inline double silu(double z) { return z / (1.0 + std::exp(-z)); }
+
 // Portable run operations: double arithmetic, one element at a time.
 template <class T>
 struct ScalarRuns {
@@ -57,6 +61,9 @@ struct ScalarRuns {
   }
   static void apply(const T* x, T* y, int64_t len, const Coeff& k) {
     for (int64_t e = 0; e < len; ++e) y[e] = static_cast<T>((static_cast<double>(x[e]) - k.center) * k.scale + k.offset);
+  }
+  static void apply_silu(const T* x, T* y, int64_t len, const Coeff& k) {
+    for (int64_t e = 0; e < len; ++e) y[e] = static_cast<T>(silu((static_cast<double>(x[e]) - k.center) * k.scale + k.offset));
   }
 };
 
@@ -103,6 +110,23 @@ struct VectorRuns {
       store_span(y, s, v);
     });
   }
+  // The same with SiLU applied in the compute type before the store (one pass over x and y).
+  static void apply_silu(const T* x, T* y, int64_t len, const Coeff& k) {
+    using S = Step<T>;
+    using V = typename S::V;
+    using C = typename S::C;
+    const V center(static_cast<C>(k.center)), scale(static_cast<C>(k.scale)), offset(static_cast<C>(k.offset));
+    const V one(static_cast<C>(1)), zero(static_cast<C>(0));
+    for_each_step<T>(len, [&](const StepSpan& s) {
+      V v[S::kParts];
+      load_span(x, s, v);
+      for (int q = 0; q < S::kParts; ++q) {
+        const V z = at::vec::fmadd(v[q] - center, scale, offset);
+        v[q] = z / (one + (zero - z).exp());
+      }
+      store_span(y, s, v);
+    });
+  }
 };
 
 // Out-of-line entry points: the driver below is compiled for the baseline instruction set and calls
@@ -111,6 +135,9 @@ template <class T> RunSums vector_mean_var(const T* x, int64_t len) { return Vec
 template <class T> RunSums vector_abs_sum(const T* x, int64_t len) { return VectorRuns<T>::abs_sum(x, len); }
 template <class T> RunSums vector_square_sum(const T* x, int64_t len) { return VectorRuns<T>::square_sum(x, len); }
 template <class T> void vector_apply(const T* x, T* y, int64_t len, const Coeff& k) { VectorRuns<T>::apply(x, y, len, k); }
+template <class T> void vector_apply_silu(const T* x, T* y, int64_t len, const Coeff& k) {
+  VectorRuns<T>::apply_silu(x, y, len, k);
+}
 
 }  // namespace
 FASTNORM_SIMD_END
@@ -125,13 +152,14 @@ struct RunOps {
 };
 
 template <class T>
-RunOps<T> run_ops(int stat) {
+RunOps<T> run_ops(int stat, int activation) {
   const bool simd = fastnorm_cpu::simd_available();
   RunOps<T> ops;
   if (stat == FN_STAT_MEAN_VAR) ops.sums = simd ? &vector_mean_var<T> : &ScalarRuns<T>::mean_var;
   else if (stat == FN_STAT_ABS_SUM) ops.sums = simd ? &vector_abs_sum<T> : &ScalarRuns<T>::abs_sum;
   else ops.sums = simd ? &vector_square_sum<T> : &ScalarRuns<T>::square_sum;
-  ops.apply = simd ? &vector_apply<T> : &ScalarRuns<T>::apply;
+  if (activation == FN_ACT_SILU) ops.apply = simd ? &vector_apply_silu<T> : &ScalarRuns<T>::apply_silu;
+  else ops.apply = simd ? &vector_apply<T> : &ScalarRuns<T>::apply;
   return ops;
 }
 
@@ -266,7 +294,7 @@ void set_statistics(const FamilyParams& p, const RunOps<T>& ops, std::vector<dou
 template <class T>
 const char* family_forward(const FamilyParams& p) {
   using A = fastnorm_cpu::compute_t<T>;
-  const RunOps<T> ops = run_ops<T>(p.stat);
+  const RunOps<T> ops = run_ops<T>(p.stat, p.activation);
   const bool mean_var = p.stat == FN_STAT_MEAN_VAR;
   std::vector<double> ref(p.stats), off(p.stats, 0.0), var(p.stats, 0.0);
   if (p.given_stats) {
@@ -300,11 +328,13 @@ const char* family_forward(const FamilyParams& p) {
   const T* x = static_cast<const T*>(p.x);
   T* y = static_cast<T*>(p.y);
   const int64_t rows = p.numel / p.row_len, per_row = ceil_div(p.row_len, kChunk);
+  const bool silu_act = p.activation == FN_ACT_SILU;
   if (p.row_len < kShortRun) {  // short rows: one loop over consecutive elements, no call per row
     at::parallel_for(0, p.numel, kParallelMinWork, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const Coeff& k = coeffs[(i / p.row_len) % p.coeffs];
-        y[i] = static_cast<T>((static_cast<double>(x[i]) - k.center) * k.scale + k.offset);
+        const double z = (static_cast<double>(x[i]) - k.center) * k.scale + k.offset;
+        y[i] = static_cast<T>(silu_act ? silu(z) : z);
       }
     });
     return nullptr;
@@ -329,6 +359,7 @@ const char* fastnorm_cpu_family(const FamilyParams& p) {
       p.groups <= 0 || p.channels % p.groups != 0 || p.numel % p.row_len != 0) {
     return "fastnorm_cpu_family: inconsistent parameters";
   }
+  if (p.activation != FN_ACT_NONE && p.activation != FN_ACT_SILU) return "fastnorm_cpu_family: unknown activation";
   switch (p.dtype) {
 #ifdef FASTNORM_WANT_F32
     case FN_F32: return family_forward<float>(p);

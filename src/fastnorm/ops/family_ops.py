@@ -1,8 +1,9 @@
 """The custom ops of the normalization family: torch.ops.fastnorm.group_norm, batch_norm,
 batch_norm_eval and p_normalize, with their kernels, fake (meta) functions and autograd.
 
-- group_norm(x, weight, bias, groups, eps) -> (y, mean, var): statistics per (sample, group), shape
-  (N, groups); InstanceNorm is groups = C.
+- group_norm(x, weight, bias, groups, eps, activation=None) -> (y, mean, var): statistics per (sample,
+  group), shape (N, groups); InstanceNorm is groups = C. activation "silu" makes y = silu(GroupNorm(x)),
+  applied by the kernels' output pass (no extra pass over y).
 - batch_norm(x, weight, bias, eps) -> (y, mean, var): batch statistics per channel, shape (C,)
   (BatchNorm in training); mean and the biased var feed the running statistics.
 - batch_norm_eval(x, weight, bias, mean, var, eps) -> y: given per-channel statistics (BatchNorm in
@@ -23,7 +24,8 @@ from fastnorm.ops.direct import direct_call_ok
 from fastnorm.ops.library_compat import register_autograd, register_fake
 
 _lib = torch.library.Library("fastnorm", "FRAGMENT")
-_lib.define("group_norm(Tensor x, Tensor? weight, Tensor? bias, int groups, float eps) -> (Tensor, Tensor, Tensor)")
+_lib.define("group_norm(Tensor x, Tensor? weight, Tensor? bias, int groups, float eps, str? activation=None) "
+            "-> (Tensor, Tensor, Tensor)")
 _lib.define("batch_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)")
 _lib.define("batch_norm_eval(Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor var, float eps) -> Tensor")
 _lib.define("p_normalize(Tensor x, float p, int begin_dim, int end_dim, float eps, bool mean) -> Tensor")
@@ -40,8 +42,22 @@ def kernels(device_type: str):
     return extension.load(device_type)
 
 
-def group_norm_kernel(x, weight, bias, groups, eps):
-    y, mean, var = kernels(x.device.type).group_norm_forward(x, weight, bias, groups, eps)
+# Activations the family's output pass applies, by name -> the kernels' FamilyActivation code.
+ACTIVATIONS = {None: 0, "silu": 1}
+
+
+def activation_code(activation, op: str = "group_norm") -> int:
+    if not (activation is None or (isinstance(activation, str) and activation in ACTIVATIONS)):
+        allowed = ", ".join(repr(a) for a in ACTIVATIONS)
+        raise ValueError(f"fastnorm.{op}: activation must be one of {allowed}, got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def group_norm_kernel(x, weight, bias, groups, eps, activation=None):
+    ext = kernels(x.device.type)
+    if activation is None:  # the 5-argument call: stand-ins and builds from before the activation take it
+        return tuple(ext.group_norm_forward(x, weight, bias, groups, eps))
+    y, mean, var = ext.group_norm_forward(x, weight, bias, groups, eps, activation_code(activation))
     return y, mean, var
 
 
@@ -84,7 +100,8 @@ def _stats(x, shape):
 
 
 @register_fake("fastnorm::group_norm")
-def _group_norm_fake(x, weight, bias, groups, eps):
+def _group_norm_fake(x, weight, bias, groups, eps, activation=None):
+    activation_code(activation)
     return (_like(x),) + _stats(x, (x.shape[0], groups))
 
 
@@ -105,16 +122,18 @@ def _p_normalize_fake(x, p, begin_dim, end_dim, eps, mean):
 
 # ---- autograd -------------------------------------------------------------------------------------
 
-def _save_affine_norm(ctx, x, weight, bias, mean, var, groups, eps):
-    ctx.groups, ctx.eps = groups, eps
+def _save_affine_norm(ctx, x, weight, bias, mean, var, groups, eps, activation=None):
+    ctx.groups, ctx.eps, ctx.activation = groups, eps, activation
     ctx.bias_dtype = None if bias is None else bias.dtype
-    ctx.save_for_backward(x, weight, mean, var)
+    # bias (a per-channel vector) only where the backward recomputes the activation's input
+    ctx.save_for_backward(x, weight, mean, var, bias if activation is not None else None)
 
 
 def _setup_group_norm(ctx, inputs, output):
-    x, weight, bias, groups, eps = inputs
+    x, weight, bias, groups, eps = inputs[:5]
+    ctx.n_inputs = len(inputs)
     ctx.mark_non_differentiable(*output[1:])
-    _save_affine_norm(ctx, x, weight, bias, output[1], output[2], groups, eps)
+    _save_affine_norm(ctx, x, weight, bias, output[1], output[2], groups, eps, inputs[5] if len(inputs) > 5 else None)
 
 
 def _setup_batch_norm(ctx, inputs, output):
@@ -133,7 +152,7 @@ def _affine_norm_backward(ctx, dy, per_sample: bool, batch_stats: bool):
     per-sample statistics (group/instance norm) have shape (N, G) and reduce over the last two dims;
     per-channel ones (batch norm, G = 1) have shape (C,) and reduce over N and S. With batch_stats the
     statistics depend on x; given ones (eval) do not: dx = dy * weight * rstd."""
-    x, weight, mean, var = ctx.saved_tensors
+    x, weight, mean, var, bias = ctx.saved_tensors
     n, c, groups = x.shape[0], x.shape[1], ctx.groups
     view = (n, groups, c // groups, math.prod(x.shape[2:]))
     stat_shape, stat_dims = ((n, groups, 1, 1), (2, 3)) if per_sample else ((1, 1, c, 1), (0, 3))
@@ -141,6 +160,15 @@ def _affine_norm_backward(ctx, dy, per_sample: bool, batch_stats: bool):
     x4, dy4 = x.reshape(view).to(acc), dy.reshape(view).to(acc)
     rstd = torch.rsqrt(var.to(acc).reshape(stat_shape) + ctx.eps)
     xhat = (x4 - mean.to(acc).reshape(stat_shape)) * rstd
+    if ctx.activation == "silu":
+        # y = silu(z), z = xhat * weight + bias recomputed from x and the statistics (nothing more saved):
+        # dy becomes dz = dy * silu'(z), silu'(z) = s * (1 + z * (1 - s)), s = sigmoid(z).
+        param_shape = (1, groups, c // groups, 1)
+        z = xhat if weight is None else xhat * weight.to(acc).reshape(param_shape)
+        if bias is not None:
+            z = z + bias.to(acc).reshape(param_shape)
+        s = torch.sigmoid(z)
+        dy4 = dy4 * (s * (1 + z * (1 - s)))
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     dx = dw = db = None
     if need_dx:
@@ -156,7 +184,7 @@ def _affine_norm_backward(ctx, dy, per_sample: bool, batch_stats: bool):
 
 
 def _group_norm_backward(ctx, dy, dmean, dvar):
-    return _affine_norm_backward(ctx, dy, per_sample=True, batch_stats=True) + (None, None)
+    return _affine_norm_backward(ctx, dy, per_sample=True, batch_stats=True) + (None,) * (ctx.n_inputs - 3)
 
 
 def _batch_norm_backward(ctx, dy, dmean, dvar):

@@ -67,7 +67,7 @@ class _Recorder:
         self._record("norm_forward", x, weight, bias, begin_dim, end_dim)
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
-    def group_norm_forward(self, x, weight, bias, groups, eps):
+    def group_norm_forward(self, x, weight, bias, groups, eps, activation=0):
         self._record("group_norm_forward", x, weight, bias)
         return [torch.empty(x.shape, dtype=x.dtype, device=x.device), self._stats(x, x.shape[0], groups),
                 self._stats(x, x.shape[0], groups)]

@@ -139,7 +139,7 @@ def fused_instance_norm(x, running_mean=None, running_var=None, weight=None, bia
         raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(x.shape)}")
     if weight is None and bias is None and running_mean is None and running_var is None:
         return fused_group_norm(x, x.shape[1], None, None, eps)  # each plane one LayerNorm row
-    y, mean, var = _ext.group_norm_forward(x, weight, bias, x.shape[1], float(eps))
+    y, mean, var = _ext.group_norm_forward(x, weight, bias, x.shape[1], float(eps), 0)
     if running_mean is not None:
         _blend_into(running_mean, mean.mean(0), momentum)
     if running_var is not None:
@@ -167,7 +167,7 @@ def fused_group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
         group_size = x.numel() // max(x.shape[0] * groups, 1)
         rows = x.reshape(x.shape[0], groups, group_size)
         return _ext.norm_forward(rows, None, None, 2, 3, float(eps), False, THREADS, BLOCKS_PER_ROW).view(x.shape)
-    return _ext.group_norm_forward(x, weight, bias, groups, float(eps))[0]
+    return _ext.group_norm_forward(x, weight, bias, groups, float(eps), 0)[0]  # 0: no activation
 
 
 def fused_normalize(x, p=2.0, dim=1, eps=1e-12, mean=False):
