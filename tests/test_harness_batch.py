@@ -203,7 +203,8 @@ def test_ray_gives_the_sequential_verdicts_and_leaves_nothing_running(tmp_path):
     report_path = tmp_path / "report.json"
     try:
         done = subprocess.run([sys.executable, "-m", "fastnorm", "eval", "--manifest", str(manifest), "--ray",
-                               "--device", "cpu", "--json", str(report_path), *FAST], env=env, capture_output=True,
+                               "--device", "cpu", "--timing", "host", "--json", str(report_path), *FAST], env=env,
+                              capture_output=True,
                               text=True, timeout=400)
         assert done.returncode == 1, done.stderr
         doc = json.loads(report_path.read_text())
@@ -216,6 +217,7 @@ def test_ray_gives_the_sequential_verdicts_and_leaves_nothing_running(tmp_path):
             assert r["gpu"] is None and r["worker"].startswith("ray ")
         assert results[0]["speedup"] and results[0]["cand_timing"]
         assert doc["problems"][0]["settings"]["backend"] == "ray"
+        assert doc["problems"][0]["settings"]["timing"] == "host" and results[0]["cand_timing"]["mode"] == "cpu"
         assert no_processes_left(marker) == []
     finally:
         subprocess.run(["rm", "-rf", marker])

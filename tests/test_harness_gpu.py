@@ -3,7 +3,8 @@ stale freed memory, illegal memory access), the attacks on the evaluator itself 
 checks, its expected outputs, its verdict) and the guarantee that the evaluating process never touches CUDA.
 
 Run on an H100: FASTNORM_SEEDS=... pytest tests/test_harness_gpu.py -m "cuda and not slow" (about 8 minutes,
-mostly nvcc builds).
+mostly nvcc builds). Every evaluation here uses eval's default device timing (each call issued behind the L2
+flush and a ~1 ms spin) unless it names timing="host"; test_seed_solution_in_both_timing_modes compares the two.
 """
 import os
 import shutil
@@ -185,9 +186,49 @@ def test_attacks_on_the_evaluator_on_cuda(attacks):
         assert r.verdict == "cheating" and "clock disagrees with the judge's" in r.message, (name, r.message)
     good = by["good_layer_norm"]
     assert good.verdict == "ok", good.message
-    t = good.cand_timing  # the judge's clock agrees with the events to within its wake-up latency
-    assert t["median_ms"] * 0.9 <= t["external_median_ms"] <= t["median_ms"] * 1.1 + 0.1, t
+    # The judge's clock agrees with the events to within its wake-up latency, once the loop's own cost is taken
+    # off: with device timing that cost (measured with a null candidate behind the same cover) holds the ~1 ms
+    # of flush and spin the judge sees ahead of every call.
+    t = good.cand_timing
+    assert t["mode"] == "device" and t["loop_overhead_ms"] > 0.5, t
+    assert t["median_ms"] * 0.9 - 0.05 <= t["external_median_ms"] - t["loop_overhead_ms"] <= t["median_ms"] * 1.1 + 0.1, t
     assert t["external_excess_ms"] - t["loop_overhead_ms"] < 0.1, t
+
+
+def test_seed_solution_in_both_timing_modes(tmp_path):
+    """Issue 29: the LayerNorm seed solution (a 0.26 ms model) is ok in both modes; device timing takes its host
+    side out of the median (which moved 0.28-0.32 ms between processes with it counted) and is steady; the
+    judge's calibration holds the cover only in device mode."""
+    solution = REPO / "solutions" / "layer_norm_16x64x256x256.py"
+    reports = {mode: evaluate(LAYER_NORM, [solution], device="cuda", trials=1, perf_trials=50, timeout=500,
+                              extensions_dir=str(tmp_path), timing=mode) for mode in ("device", "host")}
+    for mode, report in reports.items():
+        r = report.results[0]
+        assert r.verdict == "ok", (mode, r.message)
+        assert report.settings["timing"] == mode
+        assert report.baseline.timing_mode == report.baseline.ref_timing["mode"] == r.cand_timing["mode"] == mode
+        assert r.speedup and r.speedup > 1, (mode, r.speedup)
+    dev, host = (reports[mode].results[0].cand_timing for mode in ("device", "host"))
+    assert dev["median_ms"] <= host["median_ms"] * 1.02, (dev, host)
+    assert dev["iqr_ms"] <= 0.05 * dev["median_ms"], dev  # issue 29's target
+    assert dev["loop_overhead_ms"] > 0.5 > host["loop_overhead_ms"], (dev, host)
+
+
+@pytest.mark.xfail(strict=False, reason="known gap of device timing: work on a stream that does not wait for the "
+                                        "caller's runs during the cover spin, before the start event; only the "
+                                        "floor check limits it")
+def test_side_stream_started_ahead_of_the_cover_is_caught():
+    """side_stream_no_wait does all its work on a stream that ignores the caller's, which device timing does not
+    see (a small problem: the floor check cannot help). With timing="host" it is timed in full."""
+    small = CANDIDATES / "ref_layer_norm_small.py"
+    names = ["good_layer_norm", "side_stream_no_wait"]
+    host = evaluate(small, list(map(cand, names)), device="cuda", trials=2, perf_trials=30, timeout=300,
+                    timing="host").results
+    assert all(r.verdict == "ok" for r in host), [r.message for r in host]
+    assert host[1].cand_ms > 0.7 * host[0].cand_ms, (host[0].cand_ms, host[1].cand_ms)  # no gain there
+    device = evaluate(small, list(map(cand, names)), device="cuda", trials=2, perf_trials=30, timeout=300).results
+    assert device[0].verdict == "ok", device[0].message
+    assert device[1].verdict != "ok", (device[0].cand_ms, device[1].cand_ms)
 
 
 @pytest.mark.slow

@@ -83,10 +83,22 @@ class CandidateSide:
     def calibrate(self, message: dict) -> None:
         """The timing loop around a null candidate, before any candidate code is loaded: what the loop itself
         costs on the judge's clock. The null call waits `wait_ms` (on the host, the same on both clocks) so that
-        the judge has fallen asleep by the time the call ends, as it has during a real one."""
+        the judge has fallen asleep by the time the call ends, as it has during a real one.
+
+        In the timing mode of the timed calls (message["include_host"]). Host timing: the device is idle when
+        a call is announced (flush, synchronize, then the announcement), so the loop without the flush is the
+        same loop. Device timing: the announcement goes out with the L2 flush and the ~1 ms cover spin still
+        queued ahead of the start event; the judge's clock sees them, the events do not. So the null candidate
+        runs behind the same flush and spin (flush_l2=True), and its excess (judge's time minus reported)
+        holds them exactly as a real call's does: with the null call's host wait shorter than the cover, the
+        end event fires right after the start event and the judge sees the cover; longer, the reported time
+        grows by what the judge sees beyond the cover. Either way excess = cover + the loop's own cost, so the
+        verdict (timing_verdict._clock_disagrees: excess - loop overhead) compares like with like."""
         wait_s = float(message["wait_ms"]) * 1e-3
+        include_host = bool(message.get("include_host", True))
         stats = time_callable(lambda: _spin(wait_s), device=self.device, trials=int(message["trials"]), warmup=1,
-                              flush_l2=False, hooks=AnnouncedTrials(self, []))
+                              flush_l2=self.device.type == "cuda" and not include_host, include_host=include_host,
+                              hooks=AnnouncedTrials(self, []))
         self.channel.send("timed", samples_ms=list(stats.samples_ms), tails_ms=list(stats.tails_ms))
 
     def import_candidate(self, message: dict) -> None:
@@ -158,7 +170,8 @@ class CandidateSide:
         args = self.values(message["args"], "inputs")
         try:
             stats = time_callable(lambda: self.call(args), device=self.device, trials=int(message["trials"]),
-                                  warmup=int(message["warmup"]), hooks=AnnouncedTrials(self, args))
+                                  warmup=int(message["warmup"]), include_host=bool(message.get("include_host", True)),
+                                  hooks=AnnouncedTrials(self, args))
         except (Verdict, ProtocolError, SystemExit):
             raise
         except BaseException as exc:

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from fastnorm.harness.evaluate import EvaluationError, evaluate, evaluate_batch
+from fastnorm.harness.evaluate import TIMING_MODES, EvaluationError, evaluate, evaluate_batch
 from fastnorm.harness.manifest import read_manifest
 from fastnorm.harness.pool import default_build_jobs
 
@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds per candidate process, build included (default 600)")
     p.add_argument("--compile-baseline", action="store_true", help="also time torch.compile(Model)")
+    p.add_argument("--timing", choices=TIMING_MODES, default="device",
+                   help="device (default): each call is issued while the L2 flush and a ~1 ms spin still run, "
+                        "so its Python and launch time overlap as in a GPU-bound program (like triton's do_bench) "
+                        "and medians are steady across runs; host: the GPU is idle when each call starts, so its "
+                        "host time counts too (KernelBench's convention). Reference and candidates alike")
     p.add_argument("--json", dest="json_path", default=None, help="write the full report as JSON to this path")
     p.add_argument("--seed", type=int, default=42, help="base seed for weights and inputs (default 42)")
     p.add_argument("--jobs", type=int, default=None,
@@ -69,7 +74,7 @@ def main(argv=None) -> int:
                    atol=args.atol, rtol=args.rtol, timeout=args.timeout, compile_baseline=args.compile_baseline,
                    class_name=args.class_name, seed=args.seed, jobs=args.jobs, build_jobs=args.build_jobs,
                    jsonl=args.jsonl, resume=args.resume, ray=args.ray, floor_check=args.floor_check,
-                   keep_temp=args.keep_temp, progress=progress)
+                   keep_temp=args.keep_temp, timing=args.timing, progress=progress)
     previous = _terminate_as_interrupt()
     try:
         if args.manifest:

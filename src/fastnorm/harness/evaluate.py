@@ -25,13 +25,15 @@ from fastnorm.harness.results_log import ResultsLog, result_key
 
 __all__ = ["evaluate", "evaluate_batch", "EvaluationError"]
 
+TIMING_MODES = ("device", "host")  # timing.TIMING_MODES (this module stays torch-free)
+
 
 def evaluate(reference, candidates, *, device: str | None = None, trials: int = 5, perf_trials: int = 100,
              warmup: int = 3, atol: float | None = None, rtol: float | None = None, timeout: float = 600.0,
              compile_baseline: bool = False, class_name: str = "ModelNew", seed: int = 42, jobs: int | None = None,
              build_jobs: int | None = None, jsonl=None, resume: bool = False, ray=None, floor_check: bool = True,
              scrub_freed_memory: bool = True, keep_temp: bool = False, extensions_dir: str | None = None,
-             progress: Callable[[str], None] | None = None) -> EvalReport:
+             timing: str = "device", progress: Callable[[str], None] | None = None) -> EvalReport:
     """Build, verify and time KernelBench-style candidates against a reference problem file.
 
     reference: file defining Model, get_inputs(), get_init_inputs(). candidates: one path or several (files,
@@ -48,13 +50,18 @@ def evaluate(reference, candidates, *, device: str | None = None, trials: int = 
     extensions_dir: build (and find built) the candidates' load_inline extensions there instead of in a
     directory of each candidate's own; only for candidates whose extension names cannot clash (fastnorm
     solve's, named by a hash of their sources, verified after it built them there). Local pool only.
+    timing: "device" (default) times device time - each call is issued while the L2 flush and a ~1 ms spin
+    still run, so its host side (Python, launches) overlaps as in a GPU-bound program and the medians are
+    steady across processes; "host" starts each call on an idle GPU, so its host time counts too
+    (KernelBench's convention). Reference and candidates are always timed in the same mode; CPU: wall clock.
     Raises EvaluationError when the reference itself cannot be loaded, run or timed.
     """
     batch = evaluate_batch([(reference, candidates)], device=device, trials=trials, perf_trials=perf_trials,
                            warmup=warmup, atol=atol, rtol=rtol, timeout=timeout, compile_baseline=compile_baseline,
                            class_name=class_name, seed=seed, jobs=jobs, build_jobs=build_jobs, jsonl=jsonl,
                            resume=resume, ray=ray, floor_check=floor_check, scrub_freed_memory=scrub_freed_memory,
-                           keep_temp=keep_temp, extensions_dir=extensions_dir, progress=progress, strict=True)
+                           keep_temp=keep_temp, extensions_dir=extensions_dir, timing=timing, progress=progress,
+                           strict=True)
     return batch.reports[0]
 
 
@@ -63,8 +70,8 @@ def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf
                    compile_baseline: bool = False, class_name: str = "ModelNew", seed: int = 42,
                    jobs: int | None = None, build_jobs: int | None = None, jsonl=None, resume: bool = False,
                    ray=None, floor_check: bool = True, scrub_freed_memory: bool = True, keep_temp: bool = False,
-                   extensions_dir: str | None = None, progress: Callable[[str], None] | None = None,
-                   strict: bool = False) -> BatchReport:
+                   extensions_dir: str | None = None, timing: str = "device",
+                   progress: Callable[[str], None] | None = None, strict: bool = False) -> BatchReport:
     """evaluate() over several problems at once: problems is [(reference, candidates), ...] (see
     manifest.read_manifest). A reference that cannot be measured is reported in BatchReport.errors and its
     candidates are not run (strict=True raises EvaluationError instead)."""
@@ -77,9 +84,13 @@ def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf
         raise ValueError("--build-jobs must be >= 0")
     if extensions_dir is not None and ray is not None and ray is not False:
         raise ValueError("extensions_dir is for the local pool: Ray tasks build on their own nodes")
+    if timing not in TIMING_MODES:
+        raise ValueError(f"timing must be one of {', '.join(TIMING_MODES)}, not {timing!r}")
+    # settings travel to every worker (the problem's config; Ray ships it with each task): the baseline
+    # and the judge read "timing" from there.
     settings = {"class_name": class_name, "trials": trials, "perf_trials": perf_trials, "warmup": warmup,
                 "atol": atol, "rtol": rtol, "seed": seed, "compile_baseline": compile_baseline,
-                "scrub_freed_memory": scrub_freed_memory}
+                "scrub_freed_memory": scrub_freed_memory, "timing": timing}
     resolved = []
     for reference, candidates in problems:
         ref_path = Path(reference).resolve()

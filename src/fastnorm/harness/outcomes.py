@@ -27,7 +27,7 @@ def baseline_from(outcome: ChildOutcome, timeout: float, reference: str) -> Base
                     ref_timing=r["ref_timing"], copy_bw=r["copy_bw"], min_bytes=r["min_bytes"],
                     outputs=r.get("outputs", []), copy_bw_large=r.get("copy_bw_large"),
                     copy_bw_same_size=r.get("copy_bw_same_size"), compiled_timing=r.get("compiled_timing"),
-                    compile_error=r.get("compile_error"))
+                    compile_error=r.get("compile_error"), timing_mode=r.get("timing_mode"))
 
 
 def result_from(candidate: str, outcome: ChildOutcome, timeout: float, baseline: Baseline | None,
@@ -47,8 +47,10 @@ def result_from(candidate: str, outcome: ChildOutcome, timeout: float, baseline:
     result.cand_timing = timing
     result.cand_ms = timing["median_ms"]
     result.ref_ms = baseline.ref_timing["median_ms"]
-    result.speedup = result.ref_ms / result.cand_ms if result.cand_ms > 0 else None
-    if baseline.compiled_timing:
+    mode, ref_mode = timing.get("mode"), baseline.timing_mode
+    comparable = not (mode and ref_mode and mode != ref_mode)  # (a Ray node with another torch build, say)
+    result.speedup = result.ref_ms / result.cand_ms if result.cand_ms > 0 and comparable else None
+    if baseline.compiled_timing and comparable:
         result.compiled_ms = baseline.compiled_timing["median_ms"]
         result.speedup_vs_compiled = result.compiled_ms / result.cand_ms if result.cand_ms > 0 else None
     if result.cand_ms > 0:
@@ -59,6 +61,9 @@ def result_from(candidate: str, outcome: ChildOutcome, timeout: float, baseline:
                               baseline.ref_timing.get("device_tail_ms") or 0.0)
         if reason:
             result.verdict, result.message = "cheating", clip(reason)
+        elif not comparable:
+            result.message = (f"no speedup: the reference was timed as {ref_mode!r}, this candidate as {mode!r} "
+                              f"(different torch builds?)")
     return result
 
 

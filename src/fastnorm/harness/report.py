@@ -24,6 +24,7 @@ class Baseline:
     copy_bw_same_size: float | None = None   # a copy of min_bytes / 2, same cache flush as the timings
     compiled_timing: dict | None = None
     compile_error: str | None = None
+    timing_mode: str | None = None   # timing.effective_timing: "device", "host", "device, flush cover only", "cpu"
 
     @property
     def floor_ms(self) -> float:
@@ -123,6 +124,7 @@ class EvalReport:
         ref = b.ref_timing
         lines = [f"device: {b.device_name} ({b.device}), torch {b.torch_version}",
                  f"reference: {self.reference}",
+                 f"timing: {_timing_words(b.timing_mode)}",
                  f"  eager {ref['median_ms']:.4g} ms (min {ref['min_ms']:.4g}, IQR {ref['iqr_ms']:.3g})"
                  + (f" | torch.compile {b.compiled_timing['median_ms']:.4g} ms" if b.compiled_timing else "")
                  + (f" | torch.compile failed: {b.compile_error}" if b.compile_error else ""),
@@ -172,6 +174,16 @@ class BatchReport:
         parts.append(f"all {len(self.reports)} problems: {_summary_text(self.summary)}"
                      + (f"; {len(self.errors)} references not evaluated" if self.errors else ""))
         return "\n\n".join(parts)
+
+
+def _timing_words(mode: str | None) -> str:
+    words = {"device": "device time (each call issued behind the L2 flush and a ~1 ms spin; --timing host "
+                       "counts its host time too)",
+             "device, flush cover only": "device time, the host's issuing hidden behind the L2 flush only (this "
+                                         "torch has no torch.cuda._sleep)",
+             "host": "host time counted (the device idle when each call starts)",
+             "cpu": "wall clock"}
+    return words.get(mode, mode or "-")
 
 
 def _summary_text(s: dict) -> str:

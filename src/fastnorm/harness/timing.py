@@ -30,6 +30,28 @@ _gpu_sleep = getattr(torch.cuda, "_sleep", None)  # a device-side spin of a numb
 _HOST_COVER_CYCLES = 2_000_000  # about 1 ms at the H100's clocks
 _current_stream = torch.cuda.current_stream
 
+# The timing modes of `fastnorm eval --timing` and `fastnorm bench --timing`: time_callable's include_host.
+TIMING_MODES = ("device", "host")
+
+
+def include_host_for(mode: str) -> bool:
+    """time_callable's include_host for a --timing mode ("device" or "host")."""
+    if mode not in TIMING_MODES:
+        raise ValueError(f"timing must be one of {', '.join(TIMING_MODES)}, not {mode!r}")
+    return mode == "host"
+
+
+def effective_timing(device, include_host: bool, flush_l2: bool = True) -> str:
+    """What time_callable measures on `device` with these settings, in words for reports: "host" (the device
+    is idle when the call starts: its host time counts), "device" (issued behind the L2 flush and a ~1 ms
+    spin: device time), "device, flush cover only" (this torch has no torch.cuda._sleep: the flush alone
+    covers the host's issuing, as in triton's do_bench), or "cpu" (wall clock; include_host means nothing)."""
+    if torch.device(device).type != "cuda":
+        return "cpu"
+    if include_host or not flush_l2:
+        return "host"
+    return "device" if _gpu_sleep is not None else "device, flush cover only"
+
 
 class TrialHooks:
     """Called by the timing loop around each timed trial, outside the measured interval (no-ops here)."""
@@ -99,7 +121,10 @@ def time_callable(fn: Callable[[], object], *, device: torch.device, trials: int
     so its host-side time (Python, argument checks, launches) hides behind the flush as it would behind
     earlier work in a GPU-bound program, and the events measure device time (triton's do_bench does this).
     A spin of about a millisecond is queued after the flush too: a training step's host work (autograd,
-    a Python backward) outlasts the flush alone and would otherwise count as device time.
+    a Python backward) outlasts the flush alone and would otherwise count as device time. (Without
+    torch.cuda._sleep in this build, the flush alone covers: see effective_timing.) Each such trial starts
+    with a synchronize before the flush, so what is queued ahead of the start event is always the flush and
+    the spin, never work the previous trial's hooks left (fastnorm eval's judge times the whole of it).
     CPU: perf_counter around fn(), the last-level cache flushed the same way.
     hooks: called around each timed trial (outside the measured interval). With hooks, each call's output
     lives until its trial ends (it is handed to hooks.after_trial); without, it is dropped at once.
@@ -129,12 +154,18 @@ def _time_cuda(fn, device, trials, warmup, flush_l2, include_host, hooks) -> Tim
         ends = [_Event(enable_timing=True) for _ in range(trials)]
         tails_ms = []
         for trial, (start, end) in enumerate(zip(starts, ends)):
-            if flush_l2:
-                flush_cache(device)
             if include_host or not flush_l2:  # with nothing queued before it, host time always counts
+                if flush_l2:
+                    flush_cache(device)
                 _cuda_synchronize()
-            elif _gpu_sleep is not None:  # keep the device busy while the host issues fn() (see docstring)
-                _gpu_sleep(_HOST_COVER_CYCLES)
+            else:
+                # Idle first: the cover ahead of the start event is then the flush and the spin alone, the same
+                # in every trial and in the judge's calibration (hooks may have queued work, e.g. the scrub of
+                # the previous output, which would lengthen it by a varying amount).
+                _cuda_synchronize()
+                flush_cache(device)
+                if _gpu_sleep is not None:  # keep the device busy while the host issues fn() (see docstring)
+                    _gpu_sleep(_HOST_COVER_CYCLES)
             if hooks is None:
                 _event_record(start, stream)
                 fn()

@@ -17,6 +17,11 @@ HIDDEN_TAIL_FRACTION = 0.25   # ... when the hidden part is also a sizeable frac
 # (measured the same way before the candidate was loaded), is time the reported numbers do not account for.
 # Beyond these margins (plus twice the spread of the loop's cost, for a loaded machine) the clock, or what it
 # recorded, was tampered with.
+# With device timing ("device" in the timing's mode) the judge sees every call take the cover (L2 flush + ~1 ms
+# spin, queued ahead of the start event) longer than the events; the null candidate is timed behind the same
+# cover, so the loop's cost holds it and excess - overhead stays near 0 for honest code, whatever the call does
+# on the host. It is checked from below too: a cover much shorter than calibrated means the loop itself was
+# changed (a shortened spin would otherwise let ~1 ms of cut time through the check above).
 CLOCK_SLACK_MS = 0.1
 CLOCK_SLACK_FRACTION = 0.25
 
@@ -53,7 +58,12 @@ def _clock_disagrees(timing: dict) -> str | None:
         return None
     overhead = timing.get("loop_overhead_ms") or 0.0
     median = timing["median_ms"]
-    allowed = CLOCK_SLACK_MS + CLOCK_SLACK_FRACTION * median + 2 * (timing.get("loop_overhead_spread_ms") or 0.0)
+    spread = 2 * (timing.get("loop_overhead_spread_ms") or 0.0)
+    allowed = CLOCK_SLACK_MS + CLOCK_SLACK_FRACTION * median + spread
+    if str(timing.get("mode", "")).startswith("device") and overhead - excess > CLOCK_SLACK_MS + spread:
+        return (f"the judge saw each timed call take {overhead - excess:.3g} ms less, beyond what the candidate's "
+                f"process reported, than the loop's own cost around a null candidate ({overhead:.3g} ms, the cover "
+                f"queued ahead of every call with device timing): the timing loop was tampered with")
     if excess - overhead <= allowed:
         return None
     return (f"the candidate's clock disagrees with the judge's: by the judge's clock (outside the candidate's "

@@ -22,7 +22,7 @@ from fastnorm.harness.judge import run_judge
 from fastnorm.harness.loading import (REFERENCE_MODULE, Progress, build_model, device_name, import_candidate,
                                       load_module, make_inputs, resolve_device, to_device)
 from fastnorm.harness.messages import Verdict, clip, describe_exception, exception_message
-from fastnorm.harness.timing import TrialHooks, copy_bandwidth, time_callable
+from fastnorm.harness.timing import TrialHooks, copy_bandwidth, effective_timing, include_host_for, time_callable
 
 
 def run_import(cfg: dict, progress: Progress) -> dict:
@@ -36,6 +36,9 @@ def run_baseline(cfg: dict, progress: Progress) -> dict:
     result = {"ok": False, "device": str(device), "device_name": device_name(device),
               "torch_version": torch.__version__}
     seed = cfg["seed"]
+    # The reference (and its torch.compile) in the candidates' timing mode: the speedup is a ratio of the two.
+    include_host = include_host_for(cfg.get("timing", "device"))
+    result["timing_mode"] = effective_timing(device, include_host)
     progress("import reference")
     try:
         ref_mod = load_module(cfg["reference"], REFERENCE_MODULE)
@@ -65,8 +68,10 @@ def run_baseline(cfg: dict, progress: Progress) -> dict:
     large = min(1 << 30 if device.type == "cuda" else 256 << 20, limit)
     same_size = min(max(min_bytes // 2, 1 << 20), limit)
     # The large copy depends on the GPU only: the parent passes it in once one baseline on this GPU measured it.
-    result["copy_bw_large"] = cfg.get("copy_bw_large") or copy_bandwidth(device, large, best=True)
-    result["copy_bw_same_size"] = copy_bandwidth(device, same_size, best=True)
+    # Timed in the same mode as the models (device timing: without the copy's launch latency).
+    result["copy_bw_large"] = cfg.get("copy_bw_large") or copy_bandwidth(device, large, best=True,
+                                                                          include_host=include_host)
+    result["copy_bw_same_size"] = copy_bandwidth(device, same_size, best=True, include_host=include_host)
     result["copy_bw"] = max(result["copy_bw_large"], result["copy_bw_same_size"])
 
     progress("time reference")
@@ -76,8 +81,9 @@ def run_baseline(cfg: dict, progress: Progress) -> dict:
             return model(*inputs)
 
     # Timed like a candidate (whose loop announces each call to the judge): each output lives to its trial's end.
-    result["ref_timing"] = time_callable(eager, device=device, trials=cfg["perf_trials"], warmup=cfg["warmup"],
-                                         hooks=TrialHooks()).to_dict()
+    result["ref_timing"] = {**time_callable(eager, device=device, trials=cfg["perf_trials"], warmup=cfg["warmup"],
+                                           include_host=include_host, hooks=TrialHooks()).to_dict(),
+                            "mode": result["timing_mode"]}
     result["compiled_timing"] = result["compile_error"] = None
     if cfg.get("compile_baseline"):
         progress("torch.compile reference")
@@ -89,8 +95,10 @@ def run_baseline(cfg: dict, progress: Progress) -> dict:
                     return compiled(*inputs)
 
             compiled_call()
-            result["compiled_timing"] = time_callable(compiled_call, device=device, trials=cfg["perf_trials"],
-                                                      warmup=cfg["warmup"], hooks=TrialHooks()).to_dict()
+            result["compiled_timing"] = {**time_callable(compiled_call, device=device, trials=cfg["perf_trials"],
+                                                         warmup=cfg["warmup"], include_host=include_host,
+                                                         hooks=TrialHooks()).to_dict(),
+                                         "mode": result["timing_mode"]}
         except Exception as exc:
             result["compile_error"] = clip(describe_exception(exc))
     result["ok"] = True

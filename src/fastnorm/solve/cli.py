@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--perf-trials", type=int, default=None,
                         help="timed runs of the final check (default: 100 on CUDA; on the CPU as many as fit "
                              "about 3 s of the slower model, 20 to 100)")
+    parser.add_argument("--timing", choices=["device", "host"], default="device",
+                        help="how the tuning runs and the final check time a call, as `fastnorm eval --timing`: "
+                             "device (default; host work overlapped) or host (host time counted)")
     return parser
 
 
@@ -41,7 +44,7 @@ def main(argv=None) -> int:
     try:
         result = solve(args.reference, args.output, device=args.device, target_speedup=args.target_speedup,
                        tune_trials=args.tune_trials, eval_trials=args.trials, perf_trials=args.perf_trials,
-                       log=lambda line: print(line, flush=True))
+                       log=lambda line: print(line, flush=True), timing=args.timing)
     except UnsupportedProblem as err:
         print(f"fastnorm solve: cannot solve {args.reference}: {err}", file=sys.stderr)
         print("nothing written", file=sys.stderr)

@@ -3,6 +3,7 @@ the kernels they need, build once, tune, verify with `fastnorm eval` (on that bu
 
 Nothing is written to the output path unless `fastnorm eval` has found the final file correct.
 """
+import functools
 import gc
 import importlib.util
 import os
@@ -149,10 +150,16 @@ def default_perf_trials(device: torch.device, reference_ms: Optional[float], can
 
 def solve(reference, output, *, device: Optional[str] = None, target_speedup: Optional[float] = None,
           tune_trials: int = 20, eval_trials: int = 5, perf_trials: Optional[int] = None,
-          log: Callable[[str], None] = print, verify: Optional[Callable] = None) -> SolveResult:
+          log: Callable[[str], None] = print, verify: Optional[Callable] = None,
+          timing: str = "device") -> SolveResult:
     """Write a verified ModelNew for `reference` to `output`. Raises UnsupportedProblem (nothing to fuse,
     nothing written) or SolveFailed (no correct solution, nothing written). perf_trials: timed runs of the
-    final check; None picks them (default_perf_trials)."""
+    final check; None picks them (default_perf_trials). timing: how the tuning runs and the final check
+    time a call, as `fastnorm eval --timing` ("device": device time, host work overlapped; "host": host
+    time counted)."""
+    from fastnorm.harness.timing import include_host_for
+
+    include_host_for(timing)  # ValueError for anything else, before any work
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UnsupportedProblem("--device cuda, but torch sees no CUDA device (use --device cpu)")
@@ -186,7 +193,7 @@ def solve(reference, output, *, device: Optional[str] = None, target_speedup: Op
     workdir = Path(tempfile.mkdtemp(prefix="fastnorm_solve_"))
     try:
         candidate = workdir / output.name
-        tuning = Tuning(plan, calls, dev, device, target_speedup, tune_trials, log)
+        tuning = Tuning(plan, calls, dev, device, target_speedup, tune_trials, log, timing)
         best = tuning.run(candidate, selection)
         if best is None and tuning.missed_kernels and selection != selection.widened():
             log("  a call took a kernel family this build left out: rebuilding with every family")
@@ -204,7 +211,7 @@ def solve(reference, output, *, device: Optional[str] = None, target_speedup: Op
             perf_trials = default_perf_trials(device, reference_ms, best.ms)
         log(f"verifying with fastnorm eval ({eval_trials} correctness trials, {perf_trials} timing trials)...")
         verification = verify(problem.path, candidate, device=device, trials=eval_trials, perf_trials=perf_trials,
-                              log=log, extensions_dir=tuning.extensions_dir)
+                              log=log, extensions_dir=tuning.extensions_dir, timing=timing)
         if not verification.correct:
             raise SolveFailed(f"fastnorm eval rejected the solution: {verification.message}")
         log(f"verified: {verification.message}")
@@ -239,9 +246,10 @@ class Tuning:
     """Build a solution with a kernel selection, then time its launch configurations (tune.py)."""
 
     def __init__(self, plan: Plan, calls: list, dev: CudaDevice, device: torch.device,
-                 target_speedup: Optional[float], trials: int, log: Callable[[str], None]):
+                 target_speedup: Optional[float], trials: int, log: Callable[[str], None], timing: str = "device"):
         self.plan, self.calls, self.dev, self.device = plan, calls, dev, device
         self.target_speedup, self.timed_runs, self.log = target_speedup, trials, log
+        self.timing = timing  # the final check's mode: the configuration chosen is the one it finds fastest
         self.trials, self.reference_ms = [], None
         self.extensions_dir = None  # where the build landed: fastnorm eval finds it there
 
@@ -265,15 +273,16 @@ class Tuning:
         model_new = module.ModelNew(*problem.init_inputs()).to(device).eval()
         model_new.load_state_dict(reference_model.state_dict())
         inputs = problem.inputs(device)
-        from fastnorm.harness.timing import time_callable
+        from fastnorm.harness.timing import include_host_for, time_callable
 
+        timer = functools.partial(time_callable, include_host=include_host_for(self.timing))
         overrides = emit.uses_launch_config(plan.forward)
         configs = kernel_needs.tune_configs(self.calls, selection, candidate_configs(device.type), self.dev)
         count = len(configs) if overrides else 1
         target = f" until {self.target_speedup:g}x" if self.target_speedup else ""
         log(f"timing {count} launch configuration{'s' * (count > 1)} on {device_label(device)}{target}:")
         best, self.trials, self.reference_ms = tune(module, model_new, reference_model, inputs, device,
-                                                    target_speedup=self.target_speedup, timer=time_callable,
+                                                    target_speedup=self.target_speedup, timer=timer,
                                                     trials=self.timed_runs, log=log, launch_overrides=overrides,
                                                     configs=configs)
         del reference_model, model_new, inputs, module
@@ -286,7 +295,7 @@ class Tuning:
 
 def verify_with_eval(reference_path: Path, candidate_path: Path, *, device: torch.device, trials: int,
                      perf_trials: int, log: Callable[[str], None] = print,
-                     extensions_dir: Optional[str] = None) -> Verification:
+                     extensions_dir: Optional[str] = None, timing: str = "device") -> Verification:
     """Run `fastnorm eval` (fastnorm.harness.evaluate) on the one candidate and read its verdict.
     extensions_dir: where the solver built the candidate's extension, so that eval loads that build
     (the candidate differs from the tuned file in THREADS / BLOCKS_PER_ROW only: the same sources, the
@@ -295,7 +304,7 @@ def verify_with_eval(reference_path: Path, candidate_path: Path, *, device: torc
 
     try:
         report = evaluate(str(reference_path), [str(candidate_path)], device=str(device), trials=trials,
-                          perf_trials=perf_trials, extensions_dir=extensions_dir,
+                          perf_trials=perf_trials, extensions_dir=extensions_dir, timing=timing,
                           progress=lambda line: log(f"  eval: {line}"))
     except EvaluationError as err:
         return Verification(False, f"the evaluator could not run the reference: {err}")
