@@ -304,6 +304,42 @@ def test_row_backward_ring_of_buffers(monkeypatch, stages, shape, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(64, 5120), (40, 3000), (50, 2056), (20, 14336), (9, 16384), (5, 65536),
+                                   (7, 40000), (3, 5001)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+def test_row_backward_block_shapes(shape, dtype):
+    """Rows whose block is not a power of two threads (5120 bf16: 640), and rows split over a cluster of
+    blocks (past 1024 threads x 8 elements: 14336 and 16384 in two, 65536 fp32 in eight; 5001 and
+    40000 unaligned or uneven slices), LayerNorm with and without parameters and RMSNorm."""
+    last = len(shape) - 1
+    run_case("cuda", shape, last, last + 1, dtype, affine=True, rms=False)
+    run_case("cuda", shape, last, last + 1, dtype, affine=True, rms=True)
+    run_case("cuda", shape, last, last + 1, dtype, affine=False, rms=False, offset=100.0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("split", ["2", "3", "8"])
+@pytest.mark.parametrize("shape", [(700, 4096), (400, 1000), (300, 10000)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_row_backward_split_over_clusters(monkeypatch, split, shape, dtype):
+    """Rows split over clusters of 2-8 blocks (FASTNORM_ROW_BWD_SPLIT), with more rows than resident
+    clusters so that the ring of buffers wraps and the cluster's row sums alternate their buffers; the
+    dweight / dbias partials stay bitwise reproducible."""
+    monkeypatch.setenv("FASTNORM_ROW_BWD_SPLIT", split)
+    for rms in (False, True):
+        run_case("cuda", shape, 1, 2, dtype, affine=True, rms=rms)
+    run_case("cuda", shape, 1, 2, dtype, affine=True, rms=False, offset=100.0)
+    torch.manual_seed(0)
+    x, dy = torch.randn(shape, device="cuda", dtype=dtype), torch.randn(shape, device="cuda", dtype=dtype)
+    w, b = torch.randn(shape[1], device="cuda", dtype=dtype), torch.randn(shape[1], device="cuda", dtype=dtype)
+    once = fastnorm_grads(x, dy, 1, 2, w, b, 1e-5, False)
+    again = fastnorm_grads(x, dy, 1, 2, w, b, 1e-5, False)
+    assert all(torch.equal(a, b_) for a, b_ in zip(once, again))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_channel_backward_is_reproducible_and_matches_two_kernels(monkeypatch):
     shape = (8, 64, 40, 40)
     x, dy = torch.randn(shape, device="cuda"), torch.randn(shape, device="cuda")

@@ -89,8 +89,17 @@ def run_sanitize(args):
                 y.backward(torch.randn_like(y))
         os.environ.pop("FASTNORM_CHANNEL_BWD", None)
         os.environ.pop("FASTNORM_ROW_BWD_STAGES", None)
+        # Row backward blocks of 640 threads (5120 bf16), rows split over clusters of blocks (2, 3 forced
+        # by FASTNORM_ROW_BWD_SPLIT, an unaligned split row), more rows than resident clusters.
+        for shape, split in [((200, 5120), ""), ((300, 16384), ""), ((40, 5001), ""), ((400, 1000), "3")]:
+            os.environ["FASTNORM_ROW_BWD_SPLIT"] = split
+            x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+            w = torch.rand(shape[-1], device="cuda", dtype=dtype, requires_grad=True)
+            fastnorm.layer_norm(x, shape[-1:], w, w).backward(torch.randn(shape, device="cuda", dtype=dtype))
+            fastnorm.rms_norm(x, shape[-1:], w).backward(torch.randn(shape, device="cuda", dtype=dtype))
+        os.environ.pop("FASTNORM_ROW_BWD_SPLIT", None)
         # Residual rows (h = x + residual, y = norm(h)), forward and backward, vector and scalar rows.
-        for shape in [(300, 1024), (37, 33)]:
+        for shape in [(300, 1024), (37, 33), (20, 30000)]:
             x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
             r = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
             w = torch.rand(shape[-1], device="cuda", dtype=dtype, requires_grad=True)

@@ -4,7 +4,8 @@
 //   inner > 1   a column tile of all n channels in a block's registers     channel_backward_tile (backward_channel.cuh)
 //               more channels                                          channel_backward_coeffs / _apply (same file)
 //   inner == 1  rows a block holds (<= 1024 threads x 8 elements, x     row_backward (backward_rows.cuh)
-//               and dy of its rows in <= 200 KB of shared memory)
+//               and dy of its rows in <= 200 KB of shared memory), or a
+//               cluster of up to 8 blocks (Hopper)
 //               longer rows                                            long_backward_* (backward_long_rows.cuh)
 // then, for dweight / dbias, reduce_partials (backward_common.cuh) over the partials the kernels wrote.
 //
@@ -56,7 +57,7 @@ static inline const char* backward_rows(const NormBackwardParams& p, cudaStream_
   const RowBackwardPlan plan = plan_row_backward<T, W, VEC>(p);
   const bool fused = plan.tpr > 0;
   const BackwardScratch<A> s(p, fused ? 0 : long_backward_workspace(p, VEC),
-                             fused ? plan.grid : long_backward_parts(p, VEC));
+                             fused ? plan.parts : long_backward_parts(p, VEC));
   return run_backward<A, W>(p, s, stream, workspace_bytes, [&] {
     return fused ? launch_row_backward<T, W, VEC>(p, plan, s.dw_part, s.db_part, stream)
                  : launch_long_backward<T, W, VEC>(p, s.parts, s.dw_part, s.db_part, stream);

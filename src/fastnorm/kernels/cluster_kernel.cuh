@@ -3,6 +3,7 @@
 #pragma once
 #include <mutex>
 
+#include "cuda_cluster.cuh"
 #include "cuda_launch.cuh"
 #include "cuda_rows.cuh"
 
@@ -16,52 +17,6 @@ constexpr int kMaxCluster = 8;        // blocks per cluster, at most (the portab
 // 88 -> 92.8, bf16 81 -> 83, 86.5 -> 88.5, against evict-first x and y). The blocks exchange partial
 // statistics through distributed shared memory behind the hardware cluster barrier, so clusters
 // never wait for each other: one cluster's loads overlap another's stores on the same SM.
-// Cluster instructions exist from sm_90 on; older builds compile the kernel empty (the planner never
-// launches it on a device of compute capability below 9).
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define FASTNORM_CLUSTERS 1
-#endif
-#ifdef FASTNORM_CLUSTERS
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_size() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_id() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ unsigned cluster_count() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// Cluster-shared address of `local` in the shared memory of the cluster's block `rank`.
-__device__ __forceinline__ unsigned cluster_address(const void* local, unsigned rank) {
-  unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local)), remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  return remote;
-}
-__device__ __forceinline__ float load_cluster(const float* local, unsigned rank) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_address(local, rank)) : "memory");
-  return v;
-}
-__device__ __forceinline__ double load_cluster(const double* local, unsigned rank) {
-  double v;
-  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(cluster_address(local, rank)) : "memory");
-  return v;
-}
-#endif
 
 // Each block takes the statistics of its slice as the row kernel does a row (plain sums: rough
 // mean, then the corrected two-pass sums), as (count, mean relative to the row's first element, M2);
