@@ -6,7 +6,7 @@ the same ModelNew in this process with CUDA events, and compare the medians.
 
 The evaluations share one extensions folder (the candidate builds once; `fastnorm solve`'s files name their
 extension by a hash of its sources, so they cannot clash). `--timing` is passed to `fastnorm eval` (default
-device, as eval's). In-process figures: the evaluator's own timing loop (time_callable, L2 flushed, each output
+device here; eval's own default is host). In-process figures: the evaluator's own timing loop (time_callable, L2 flushed, each output
 kept to its trial's end as in eval) in both modes - device (the call issued while the flush and a ~1 ms spin
 run: its host side overlapped) and host (the device synchronized before each call, so host time counts); the
 eval medians are compared with the one of the same mode. Targets (issue 29): eval medians within 2% of each
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=2, help="correctness trials per evaluation")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--timing", choices=list(MODES), default="device",
-                   help="fastnorm eval's --timing (default device, eval's default)")
+                   help="fastnorm eval's --timing (default device here; eval's own default is host)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

@@ -3,8 +3,8 @@ stale freed memory, illegal memory access), the attacks on the evaluator itself 
 checks, its expected outputs, its verdict) and the guarantee that the evaluating process never touches CUDA.
 
 Run on an H100: FASTNORM_SEEDS=... pytest tests/test_harness_gpu.py -m "cuda and not slow" (about 8 minutes,
-mostly nvcc builds). Every evaluation here uses eval's default device timing (each call issued behind the L2
-flush and a ~1 ms spin) unless it names timing="host"; test_seed_solution_in_both_timing_modes compares the two.
+mostly nvcc builds). Every evaluation here uses eval's default host timing (each call started on an idle GPU)
+unless it names timing="device"; test_seed_solution_in_both_timing_modes compares the two.
 """
 import os
 import shutil
@@ -186,11 +186,10 @@ def test_attacks_on_the_evaluator_on_cuda(attacks):
         assert r.verdict == "cheating" and "clock disagrees with the judge's" in r.message, (name, r.message)
     good = by["good_layer_norm"]
     assert good.verdict == "ok", good.message
-    # The judge's clock agrees with the events to within its wake-up latency, once the loop's own cost is taken
-    # off: with device timing that cost (measured with a null candidate behind the same cover) holds the ~1 ms
-    # of flush and spin the judge sees ahead of every call.
+    # The judge's clock agrees with the events to within its wake-up latency, once the loop's own cost
+    # (measured with a null candidate) is taken off.
     t = good.cand_timing
-    assert t["mode"] == "device" and t["loop_overhead_ms"] > 0.5, t
+    assert t["mode"] == "host", t
     assert t["median_ms"] * 0.9 - 0.05 <= t["external_median_ms"] - t["loop_overhead_ms"] <= t["median_ms"] * 1.1 + 0.1, t
     assert t["external_excess_ms"] - t["loop_overhead_ms"] < 0.1, t
 
@@ -226,7 +225,8 @@ def test_side_stream_started_ahead_of_the_cover_is_caught():
                     timing="host").results
     assert all(r.verdict == "ok" for r in host), [r.message for r in host]
     assert host[1].cand_ms > 0.7 * host[0].cand_ms, (host[0].cand_ms, host[1].cand_ms)  # no gain there
-    device = evaluate(small, list(map(cand, names)), device="cuda", trials=2, perf_trials=30, timeout=300).results
+    device = evaluate(small, list(map(cand, names)), device="cuda", trials=2, perf_trials=30, timeout=300,
+                      timing="device").results
     assert device[0].verdict == "ok", device[0].message
     assert device[1].verdict != "ok", (device[0].cand_ms, device[1].cand_ms)
 

@@ -35,7 +35,7 @@ def test_timing_modes_agree_between_the_torch_free_parent_and_timing():
         timing.include_host_for("wall")
 
 
-@pytest.mark.parametrize("argv,expected", [([], "device"), (["--timing", "host"], "host"),
+@pytest.mark.parametrize("argv,expected", [([], "host"), (["--timing", "host"], "host"),
                                            (["--timing", "device"], "device")])
 def test_cli_timing_flag_reaches_evaluate(monkeypatch, capsys, argv, expected):
     seen = {}
@@ -223,7 +223,7 @@ def test_null_candidate_is_timed_behind_the_same_cover_as_the_candidate(monkeypa
     assert timed_loop == ["call", "sync"] + (timed_head + TRIAL_TAIL) * 3
 
 
-@pytest.mark.parametrize("mode,include_host", [("device", False), ("host", True), (None, False)])
+@pytest.mark.parametrize("mode,include_host", [("device", False), ("host", True), (None, True)])
 def test_judge_asks_for_the_configured_mode_in_calibration_and_timing(mode, include_host):
     """The judge (on CPU, with a stand-in for the candidate's process) sends the same include_host for the
     null candidate and the timed calls, and records the mode in the timing it reports."""

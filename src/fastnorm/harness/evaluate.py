@@ -33,7 +33,7 @@ def evaluate(reference, candidates, *, device: str | None = None, trials: int = 
              compile_baseline: bool = False, class_name: str = "ModelNew", seed: int = 42, jobs: int | None = None,
              build_jobs: int | None = None, jsonl=None, resume: bool = False, ray=None, floor_check: bool = True,
              scrub_freed_memory: bool = True, keep_temp: bool = False, extensions_dir: str | None = None,
-             timing: str = "device", progress: Callable[[str], None] | None = None) -> EvalReport:
+             timing: str = "host", progress: Callable[[str], None] | None = None) -> EvalReport:
     """Build, verify and time KernelBench-style candidates against a reference problem file.
 
     reference: file defining Model, get_inputs(), get_init_inputs(). candidates: one path or several (files,
@@ -50,10 +50,11 @@ def evaluate(reference, candidates, *, device: str | None = None, trials: int = 
     extensions_dir: build (and find built) the candidates' load_inline extensions there instead of in a
     directory of each candidate's own; only for candidates whose extension names cannot clash (fastnorm
     solve's, named by a hash of their sources, verified after it built them there). Local pool only.
-    timing: "device" (default) times device time - each call is issued while the L2 flush and a ~1 ms spin
-    still run, so its host side (Python, launches) overlaps as in a GPU-bound program and the medians are
-    steady across processes; "host" starts each call on an idle GPU, so its host time counts too
-    (KernelBench's convention). Reference and candidates are always timed in the same mode; CPU: wall clock.
+    timing: "host" (default) starts each call on an idle GPU, so its host time counts too (KernelBench's
+    convention); "device" times device time - each call is issued while the L2 flush and a ~1 ms spin still
+    run, so its host side (Python, launches) overlaps as in a GPU-bound program and the medians are steadier
+    across processes, but work started on a stream that does not wait for the caller's can hide under the
+    spin (tests/candidates/side_stream_no_wait.py), which is why it is not the default. Reference and candidates are always timed in the same mode; CPU: wall clock.
     Raises EvaluationError when the reference itself cannot be loaded, run or timed.
     """
     batch = evaluate_batch([(reference, candidates)], device=device, trials=trials, perf_trials=perf_trials,
@@ -70,7 +71,7 @@ def evaluate_batch(problems, *, device: str | None = None, trials: int = 5, perf
                    compile_baseline: bool = False, class_name: str = "ModelNew", seed: int = 42,
                    jobs: int | None = None, build_jobs: int | None = None, jsonl=None, resume: bool = False,
                    ray=None, floor_check: bool = True, scrub_freed_memory: bool = True, keep_temp: bool = False,
-                   extensions_dir: str | None = None, timing: str = "device",
+                   extensions_dir: str | None = None, timing: str = "host",
                    progress: Callable[[str], None] | None = None, strict: bool = False) -> BatchReport:
     """evaluate() over several problems at once: problems is [(reference, candidates), ...] (see
     manifest.read_manifest). A reference that cannot be measured is reported in BatchReport.errors and its

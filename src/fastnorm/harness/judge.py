@@ -64,7 +64,7 @@ def run_judge(cfg: dict, progress: Progress) -> dict:
 
 def _judge(cfg: dict, progress: Progress, device: torch.device, ref_mod, link: "CandidateLink") -> dict:
     seed, atol, rtol = cfg["seed"], cfg.get("atol"), cfg.get("rtol")
-    include_host = include_host_for(cfg.get("timing", "device"))
+    include_host = include_host_for(cfg.get("timing", "host"))
     link.expect("hello")
     progress("calibrate the clock")
     # The null candidate runs in the timed calls' mode: with device timing the judge's clock sees the cover

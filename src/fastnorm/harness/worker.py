@@ -37,7 +37,7 @@ def run_baseline(cfg: dict, progress: Progress) -> dict:
               "torch_version": torch.__version__}
     seed = cfg["seed"]
     # The reference (and its torch.compile) in the candidates' timing mode: the speedup is a ratio of the two.
-    include_host = include_host_for(cfg.get("timing", "device"))
+    include_host = include_host_for(cfg.get("timing", "host"))
     result["timing_mode"] = effective_timing(device, include_host)
     progress("import reference")
     try:

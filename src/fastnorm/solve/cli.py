@@ -30,9 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--perf-trials", type=int, default=None,
                         help="timed runs of the final check (default: 100 on CUDA; on the CPU as many as fit "
                              "about 3 s of the slower model, 20 to 100)")
-    parser.add_argument("--timing", choices=["device", "host"], default="device",
+    parser.add_argument("--timing", choices=["device", "host"], default="host",
                         help="how the tuning runs and the final check time a call, as `fastnorm eval --timing`: "
-                             "device (default; host work overlapped) or host (host time counted)")
+                             "host (default; host time counted) or device (host work overlapped)")
     return parser
 
 

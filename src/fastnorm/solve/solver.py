@@ -151,7 +151,7 @@ def default_perf_trials(device: torch.device, reference_ms: Optional[float], can
 def solve(reference, output, *, device: Optional[str] = None, target_speedup: Optional[float] = None,
           tune_trials: int = 20, eval_trials: int = 5, perf_trials: Optional[int] = None,
           log: Callable[[str], None] = print, verify: Optional[Callable] = None,
-          timing: str = "device") -> SolveResult:
+          timing: str = "host") -> SolveResult:
     """Write a verified ModelNew for `reference` to `output`. Raises UnsupportedProblem (nothing to fuse,
     nothing written) or SolveFailed (no correct solution, nothing written). perf_trials: timed runs of the
     final check; None picks them (default_perf_trials). timing: how the tuning runs and the final check
@@ -246,7 +246,7 @@ class Tuning:
     """Build a solution with a kernel selection, then time its launch configurations (tune.py)."""
 
     def __init__(self, plan: Plan, calls: list, dev: CudaDevice, device: torch.device,
-                 target_speedup: Optional[float], trials: int, log: Callable[[str], None], timing: str = "device"):
+                 target_speedup: Optional[float], trials: int, log: Callable[[str], None], timing: str = "host"):
         self.plan, self.calls, self.dev, self.device = plan, calls, dev, device
         self.target_speedup, self.timed_runs, self.log = target_speedup, trials, log
         self.timing = timing  # the final check's mode: the configuration chosen is the one it finds fastest
@@ -295,7 +295,7 @@ class Tuning:
 
 def verify_with_eval(reference_path: Path, candidate_path: Path, *, device: torch.device, trials: int,
                      perf_trials: int, log: Callable[[str], None] = print,
-                     extensions_dir: Optional[str] = None, timing: str = "device") -> Verification:
+                     extensions_dir: Optional[str] = None, timing: str = "host") -> Verification:
     """Run `fastnorm eval` (fastnorm.harness.evaluate) on the one candidate and read its verdict.
     extensions_dir: where the solver built the candidate's extension, so that eval loads that build
     (the candidate differs from the tuned file in THREADS / BLOCKS_PER_ROW only: the same sources, the
