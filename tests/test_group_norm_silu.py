@@ -71,16 +71,18 @@ def test_forward_against_float64(shape, groups, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_half_output_matches_eager_within_kernelbench_tolerance(device, dtype):
-    """Eager rounds group_norm's output to x's dtype before silu; the fused kernels do too, so a fused
-    bf16 output is within KernelBench's 1e-2 of eager's (a single rounding of silu's exact input was 2
-    bf16 steps away, 0.031 near 2, on the H100 solution of group_norm_silu_8x512x64x64)."""
+def test_half_output_within_two_roundings_of_eager(device, dtype):
+    """Eager rounds group_norm's output to x's dtype, then silu rounds again; the fused kernels round once
+    (closer to float64). So the two differ by up to two steps of the dtype (0.031 near 2, 0.0625 near 4 in
+    bf16 on the H100: outside KernelBench's 1e-2 where a step is 0.8%, with or without rounding the norm's
+    output first), and no more."""
     torch.manual_seed(0)
     x = (torch.randn(4, 64, 24, 24, dtype=torch.float64) * 3).to(device=device, dtype=dtype)
     w, b = make_affine(64, dtype, device)
     got = fastnorm.group_norm(x, 32, w, b, 1e-5, activation="silu")
     eager = F.silu(F.group_norm(x, 32, w, b, 1e-5))
-    torch.testing.assert_close(got, eager, atol=1e-2, rtol=1e-2)
+    step = torch.finfo(dtype).eps  # one step relative to the value, at the bottom of its binade
+    torch.testing.assert_close(got, eager, atol=1e-2, rtol=2 * step)
     assert_close_to(got, reference(x, 32, w, b))
 
 

@@ -105,7 +105,10 @@ def test_adversarial_verdicts_on_cuda(adversarial):
     extra = by("side_stream_extra_work")
     assert extra.verdict == "cheating" and "another stream" in extra.message, extra.message
     stale = by("stale_output")
-    assert stale.verdict == "wrong_output" and "memory the harness had overwritten" in stale.message, stale.message
+    # Memory the allocator hands back after a scrub is named as such; fresh memory at the first trial (zeros on
+    # the H100) is plain wrong values.
+    assert stale.verdict == "wrong_output", stale.message
+    assert "memory the harness had overwritten" in stale.message or "wrong values" in stale.message, stale.message
     assert by("returns_reference_output").verdict == "wrong_output"  # nothing of the reference's to find
     assert "got 0.0" in by("returns_reference_output").message
     assert by("inplace_alias").verdict == "cheating" and "aliases input #0" in by("inplace_alias").message

@@ -242,18 +242,9 @@ __device__ __forceinline__ double activate(double z) {
   return kAct == FN_ACT_SILU ? z / (1.0 + exp(-z)) : z;
 }
 
-// The activation of z as eager's silu(group_norm(x)) takes it: z rounded to x's dtype first (the norm's
-// output), so a fused bf16 output stays within a rounding of eager's (not two: 0.031 at values near 2
-// failed KernelBench's 1e-2 tolerance against it on the H100).
-template <int kAct, typename T, typename A>
-__device__ __forceinline__ A activate_as(A z) {
-  if constexpr (kAct == FN_ACT_NONE) return z;
-  else return activate<kAct>(A(to_acc(from_acc<T>(z))));
-}
-
 template <int kAct, typename T, typename A>
 __device__ __forceinline__ T apply_one(T x, A center, A scale, A offset) {
-  return from_acc<T>(activate_as<kAct, T>(fma(to_acc(x) - center, scale, offset)));
+  return from_acc<T>(activate<kAct>(fma(to_acc(x) - center, scale, offset)));
 }
 
 // y = act((x - center) * scale + offset) over rows of at least kLongRow elements: block b is piece
@@ -282,7 +273,7 @@ __global__ void __launch_bounds__(kThreads) apply_rows_kernel(FamilyParams p, co
     A a[V];
     widen(v.v, a);
 #pragma unroll
-    for (int e = 0; e < V; ++e) a[e] = activate_as<kAct, T>(fma(a[e] - center, scale, offset));
+    for (int e = 0; e < V; ++e) a[e] = activate<kAct>(fma(a[e] - center, scale, offset));
     store_vec(vy + i, pack<T>(a));
   }
   for (int64_t i = head + vecs * V + threadIdx.x; i < len; i += kThreads) y[i] = apply_one<kAct>(x[i], center, scale, offset);

@@ -7,7 +7,6 @@
 // double, see cpu_vec.h's Moments), so results do not depend on the thread count. The run-level work
 // (sums, output) is at::vec code where the CPU has the vector units, else portable scalar code.
 #include <cmath>
-#include <type_traits>
 #include <limits>
 #include <vector>
 
@@ -37,11 +36,6 @@ struct Coeff {
 // overflows and keeps NaN.
 inline double silu(double z) { return z / (1.0 + std::exp(-z)); }
 
-// silu of z rounded to T first, as eager's silu(group_norm(x)) takes the norm's output (see the CUDA
-// kernels' activate_as: one rounding from eager's result, not two).
-template <class T>
-inline double silu_as(double z) { return silu(static_cast<double>(static_cast<T>(z))); }
-
 // Portable run operations: double arithmetic, one element at a time.
 template <class T>
 struct ScalarRuns {
@@ -69,7 +63,7 @@ struct ScalarRuns {
     for (int64_t e = 0; e < len; ++e) y[e] = static_cast<T>((static_cast<double>(x[e]) - k.center) * k.scale + k.offset);
   }
   static void apply_silu(const T* x, T* y, int64_t len, const Coeff& k) {
-    for (int64_t e = 0; e < len; ++e) y[e] = static_cast<T>(silu_as<T>((static_cast<double>(x[e]) - k.center) * k.scale + k.offset));
+    for (int64_t e = 0; e < len; ++e) y[e] = static_cast<T>(silu((static_cast<double>(x[e]) - k.center) * k.scale + k.offset));
   }
 };
 
@@ -126,12 +120,10 @@ struct VectorRuns {
     for_each_step<T>(len, [&](const StepSpan& s) {
       V v[S::kParts];
       load_span(x, s, v);
-      for (int q = 0; q < S::kParts; ++q) v[q] = at::vec::fmadd(v[q] - center, scale, offset);
-      if constexpr (!std::is_same<T, C>::value) {  // half types: z rounded to T (silu_as), through y
-        store_span(y, s, v);
-        load_span(y, s, v);
+      for (int q = 0; q < S::kParts; ++q) {
+        const V z = at::vec::fmadd(v[q] - center, scale, offset);
+        v[q] = z / (one + (zero - z).exp());
       }
-      for (int q = 0; q < S::kParts; ++q) v[q] = v[q] / (one + (zero - v[q]).exp());
       store_span(y, s, v);
     });
   }
@@ -342,7 +334,7 @@ const char* family_forward(const FamilyParams& p) {
       for (int64_t i = b; i < e; ++i) {
         const Coeff& k = coeffs[(i / p.row_len) % p.coeffs];
         const double z = (static_cast<double>(x[i]) - k.center) * k.scale + k.offset;
-        y[i] = static_cast<T>(silu_act ? silu_as<T>(z) : z);
+        y[i] = static_cast<T>(silu_act ? silu(z) : z);
       }
     });
     return nullptr;
