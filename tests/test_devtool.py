@@ -97,3 +97,13 @@ def test_eval_steadiness_says_it_needs_a_gpu(tmp_path):
                            str(root / "solutions" / "layer_norm_16x64x256x256.py"), "--runs", "1"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+
+
+def test_eval_scale_builds_ahead_with_the_build_pool(monkeypatch):
+    """eval_scale's builds-ahead runs must name their build jobs: evaluate's None leaves the pool off on a GPU,
+    which made session 14's builds-ahead run the sequential one again."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    scale = importlib.import_module("eval_scale")
+    assert scale.CONFIGS["sequential"]["build_jobs"] == 0
+    assert scale.CONFIGS["one_gpu_builds_ahead"]["build_jobs"] >= 1
+    assert scale.CONFIGS["all_gpus"]["build_jobs"] >= 1
