@@ -119,7 +119,7 @@ FAMILY_PROBLEMS = {
     "frobenius_norm_112x64x512x512.py": ("FrobeniusNorm", "fused_normalize", (112, 64, 512, 512)),
     "l1_norm_32768x65535.py": ("L1Norm", "fused_normalize", (32768, 65535)),
     "l2_norm_32768x65535.py": ("L2Norm", "fused_normalize", (32768, 65535)),
-    # the solver fuses the GroupNorm only; the SiLU stays a torch call (the package's fused op is the bench's)
+    # the SiLU after it becomes the GroupNorm kernel's epilogue (fuse_activations, after the match)
     "group_norm_silu_8x512x64x64.py": ("GroupNorm", "fused_group_norm", (8, 512, 64, 64)),
 }
 
@@ -206,6 +206,31 @@ def test_other_layers_stay_around_a_batch_norm(tmp_path):
     assert "self.conv(x)" in plan.forward.source and "fused_batch_norm_module(conv, self.bn)" in plan.forward.source
     emit_with_stub(plan, tmp_path)
     check_sequence(tmp_path / "problem.py", tmp_path / "solution.py", ["train", "eval"])
+
+
+@pytest.mark.parametrize("silu", ["self.act(self.norm(x))", "F.silu(self.norm(x))", "F.silu(self.norm(x), inplace=True)"])
+def test_group_norm_then_silu_is_one_kernel_pass(silu, tmp_path):
+    """GroupNorm -> SiLU (module, function, in place) leaves one fused call with the activation;
+    the emitted solution matches the reference."""
+    init = """
+        self.norm = nn.GroupNorm(4, 8)
+        self.act = nn.SiLU()
+    """
+    problem = write_problem(tmp_path, silu, init=init, inputs="[torch.randn(3, 8, 5, 7) * 2 + 1]")
+    plan = solve_and_check(tmp_path, problem)
+    assert "activation='silu'" in plan.forward.source and "silu(" not in plan.forward.source.replace(
+        "activation='silu'", ""), plan.forward.source
+
+
+def test_silu_with_another_use_of_the_norm_stays_apart(tmp_path):
+    init = """
+        self.norm = nn.GroupNorm(4, 8)
+        self.act = nn.SiLU()
+    """
+    problem = write_problem(tmp_path, "y = self.norm(x)\nself.act(y) + y", init=init,
+                            inputs="[torch.randn(3, 8, 5, 7)]")
+    plan = solve_and_check(tmp_path, problem)
+    assert "activation" not in plan.forward.source, plan.forward.source
 
 
 # ----------------------------------------------------------------------------------------------

@@ -63,12 +63,14 @@ STUB_EXTENSION = textwrap.dedent('''
 
         @classmethod
         def group_norm_forward(cls, x, weight, bias, groups, eps, activation=0):
-            assert x.dim() >= 2 and x.shape[1] % groups == 0 and isinstance(eps, float) and activation == 0
+            assert x.dim() >= 2 and x.shape[1] % groups == 0 and isinstance(eps, float) and activation in (0, 1)
             n = x.shape[0]
             xg = x.double().reshape(n, groups, -1)
             mean, var = xg.mean(-1), xg.var(-1, unbiased=False)
             y = ((xg - mean[..., None]) * torch.rsqrt(var[..., None] + eps)).reshape(x.shape)
-            return [cls._channel_affine(y, weight, bias, x), mean.to(cls._acc(x)), var.to(cls._acc(x))]
+            z = cls._channel_affine(y, weight, bias, x.double())  # 1: SiLU on the float64 result
+            out = (torch.nn.functional.silu(z) if activation else z).to(x.dtype)
+            return [out, mean.to(cls._acc(x)), var.to(cls._acc(x))]
 
         @classmethod
         def batch_norm_forward(cls, x, weight, bias, mean, var, eps):

@@ -158,16 +158,17 @@ def fused_instance_norm_module(x, module):
     return y.squeeze(0) if unbatched else y
 
 
-def fused_group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
-    """torch.nn.functional.group_norm(x, num_groups, weight, bias, eps) on the inline kernel. Without
-    weight and bias each group is one LayerNorm row, which the LayerNorm kernels read once (the family
-    kernels read x twice)."""
+def fused_group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, activation=None):
+    """torch.nn.functional.group_norm(x, num_groups, weight, bias, eps) on the inline kernel, then
+    torch.nn.functional.silu where activation is "silu" (in the kernel's output pass). Without weight,
+    bias and activation each group is one LayerNorm row, which the LayerNorm kernels read once (the
+    family kernels read x twice)."""
     groups = int(num_groups)
-    if weight is None and bias is None and x.dim() >= 2 and groups > 0 and x.shape[1] % groups == 0:
+    if activation is None and weight is None and bias is None and x.dim() >= 2 and groups > 0 and x.shape[1] % groups == 0:
         group_size = x.numel() // max(x.shape[0] * groups, 1)
         rows = x.reshape(x.shape[0], groups, group_size)
         return _ext.norm_forward(rows, None, None, 2, 3, float(eps), False, THREADS, BLOCKS_PER_ROW).view(x.shape)
-    return _ext.group_norm_forward(x, weight, bias, groups, float(eps), 0)[0]  # 0: no activation
+    return _ext.group_norm_forward(x, weight, bias, groups, float(eps), 1 if activation == "silu" else 0)[0]
 
 
 def fused_normalize(x, p=2.0, dim=1, eps=1e-12, mean=False):

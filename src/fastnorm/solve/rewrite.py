@@ -63,6 +63,36 @@ def apply_matches(graph: fx.Graph, matches: list) -> None:
             graph.erase_node(node)
 
 
+def fuse_activations(gm: fx.GraphModule) -> None:
+    """A fused GroupNorm whose only use is a SiLU (nn.SiLU, F.silu) takes it as the kernel's
+    epilogue, the GroupNorm -> SiLU pair of diffusion ResNet blocks: one pass writes the activated output.
+    (The kernel rounds once; eager rounds the norm's output first, so a half-precision output may sit two
+    steps from eager's.)"""
+    helper = HELPERS["fused_group_norm"]
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not helper or len(node.users) != 1:
+            continue
+        if "activation" in node.kwargs or len(node.args) > 5:
+            continue
+        user = next(iter(node.users))
+        if not _is_silu_of(gm, user, node):
+            continue
+        node.kwargs = {**node.kwargs, "activation": "silu"}
+        user.replace_all_uses_with(node)
+        gm.graph.erase_node(user)
+
+
+def _is_silu_of(gm: fx.GraphModule, node: fx.Node, operand: fx.Node) -> bool:
+    """node is silu(operand) (in place or not: operand has no other use), and nothing else."""
+    if not node.args or node.args[0] is not operand or any(a is operand for a in node.args[1:]):
+        return False
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)) is torch.nn.SiLU and len(node.args) == 1 and not node.kwargs
+    if node.op == "call_function":
+        return node.target is torch.nn.functional.silu and set(node.kwargs) <= {"inplace"} and len(node.args) <= 2
+    return False
+
+
 def generate_forward(graph: fx.Graph, signature: str = None) -> ForwardCode:
     """Source of `forward` for the rewritten graph. `signature`: the reference's own `def forward(...):`
     line, used when the body can be written by hand (its parameter names must be the graph's)."""

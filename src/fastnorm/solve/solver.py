@@ -22,7 +22,7 @@ from fastnorm.solve.extension_calls import record_calls
 from fastnorm.solve.planner_rules import CudaDevice
 from fastnorm.solve.problem import ReferenceProblem, UnsupportedProblem, load_problem
 from fastnorm.solve.recognize import Recognition, recognize
-from fastnorm.solve.rewrite import ForwardCode, apply_matches, generate_forward
+from fastnorm.solve.rewrite import ForwardCode, apply_matches, fuse_activations, generate_forward
 from fastnorm.solve.trace import TracedModel, TensorInfo, trace_problem
 from fastnorm.solve.tune import Trial, candidate_configs, tune
 
@@ -68,6 +68,7 @@ def plan_solution(reference) -> Plan:
     if not recognition.matches:
         raise UnsupportedProblem(no_match_message(problem, recognition))
     apply_matches(traced.graph_module.graph, recognition.matches)
+    fuse_activations(traced.graph_module)
     forward = generate_forward(traced.graph_module.graph, emit.forward_signature(problem))
     return Plan(problem, traced, recognition, forward)
 
