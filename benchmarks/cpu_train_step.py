@@ -7,6 +7,7 @@ autograd). Implementations take turns in rounds (a shared, noisy machine); each 
 fastest of `inner` calls, and the median over rounds is printed (us).
 
     PYTHONPATH=src python benchmarks/cpu_train_step.py [--threads 2] [--rounds 15] [--inner 20]
+        [--shapes 32x1024:float32,256x1024:bfloat16]
 """
 import argparse
 import statistics
@@ -44,13 +45,18 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--inner", type=int, default=20)
+    ap.add_argument("--shapes", default=None, help="MxN:dtype,... in place of the default shapes")
     args = ap.parse_args()
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [(int(mn.split("x")[0]), int(mn.split("x")[1]), getattr(torch, dt))
+                  for mn, dt in (item.split(":") for item in args.shapes.split(","))]
     torch.set_num_threads(args.threads)
     ext = extension.load("cpu")
     print(f"threads {args.threads}; us, median of {args.rounds} rounds of the fastest of {args.inner}")
     print(f"{'shape':18s} {'train eager':>11s} {'fastnorm':>9s} {'ratio':>6s} | {'fwd eager':>9s} {'fn':>6s} | "
           f"{'bwd eager':>9s} {'fn':>6s} {'fn dx':>6s} | {'f+b eager':>9s} {'fn':>6s}")
-    for m, n, dt in SHAPES:
+    for m, n, dt in shapes:
         torch.manual_seed(0)
         x = torch.randn(m, n, dtype=dt, requires_grad=True)
         w = torch.randn(n, dtype=dt, requires_grad=True)

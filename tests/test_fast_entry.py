@@ -1,5 +1,6 @@
-"""The C++ fast entry behind fastnorm.layer_norm / rms_norm: it takes plain calls, declines (returns
-None, never raises) everything that needs the Python path, and gives the same bits as the op."""
+"""The C++ fast entry behind fastnorm.layer_norm / rms_norm: it takes plain calls (those that record
+autograd through CpuNormFunction), declines (returns None, never raises) everything that needs the
+Python path, and gives the same bits as the op."""
 import pytest
 import torch
 
@@ -59,8 +60,6 @@ class _Sub(torch.Tensor):
 def _declined_calls():
     x, w, b = _inputs()
     return {
-        "requires_grad": lambda e: e.try_layer_norm(x.clone().requires_grad_(), (40,), None, w, b, 1e-5),
-        "weight_requires_grad": lambda e: e.try_layer_norm(x, (40,), None, w.clone().requires_grad_(), b, 1e-5),
         "subclass": lambda e: e.try_layer_norm(x.as_subclass(_Sub), (40,), None, w, b, 1e-5),
         "int_eps": lambda e: e.try_layer_norm(x, (40,), None, w, b, 0),
         "str_shape": lambda e: e.try_layer_norm(x, "40", None, w, b, 1e-5),
@@ -86,6 +85,38 @@ def test_declines_what_needs_the_python_path(ext, case):
     assert _declined_calls()[case](ext) is None
 
 
+@pytest.mark.parametrize("which", ["x", "weight", "bias"])
+def test_records_autograd_through_the_cpp_function(ext, which):
+    x, w, b = _inputs()
+    xs, ws, bs = (t.clone().requires_grad_(name == which) for t, name in zip((x, w, b), ("x", "weight", "bias")))
+    y = ext.try_layer_norm(xs, (40,), None, ws, bs, 1e-5)
+    assert y is not None and "CpuNormFunction" in y.grad_fn.name()
+    assert torch.equal(y, torch.ops.fastnorm.layer_norm(x, 1, 2, w, b, 1e-5))
+    y = ext.try_rms_norm(xs, None, -1, ws, 1e-6)
+    assert (y.grad_fn is not None) == (which != "bias")
+
+
+def test_declines_autograd_under_tracing_or_functorch(ext):
+    x, w, b = _inputs()
+    xg = x.clone().requires_grad_()
+    seen = []
+
+    def traced(t):
+        seen.append(ext.try_layer_norm(xg, (40,), None, w, b, 1e-5))
+        return t * 2
+
+    torch.jit.trace(traced, (x,), check_trace=False)
+
+    def f(t):
+        seen.append(ext.try_layer_norm(xg, (40,), None, w, b, 1e-5))  # plain tensors inside a transform
+        return t.sum()
+
+    torch.func.grad(f)(x[0])
+    assert seen == [None, None]
+    with torch.no_grad():
+        assert ext.try_layer_norm(xg, (40,), None, w, b, 1e-5).grad_fn is None  # nothing to record
+
+
 def test_declines_under_a_dispatch_mode(ext):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -96,6 +127,7 @@ def test_declines_under_a_dispatch_mode(ext):
     x, w, b = _inputs()
     with Passthrough():
         assert ext.try_layer_norm(x, (40,), None, w, b, 1e-5) is None
+        assert ext.try_layer_norm(x.clone().requires_grad_(), (40,), None, w, b, 1e-5) is None
 
 
 def test_declines_functorch_wrappers(ext):

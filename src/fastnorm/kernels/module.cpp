@@ -1,30 +1,135 @@
-// The extension's Python module: norm_forward, norm_backward, the family's forwards, and the fast entries behind
-// fastnorm.layer_norm / rms_norm. Not part of single-file solutions (load_inline writes its own module).
+// The extension's Python module: norm_forward, norm_backward, the family's forwards, the fast entries behind
+// fastnorm.layer_norm / rms_norm and, in the CPU build, their autograd (CpuNormFunction). Not part of
+// single-file solutions (load_inline writes its own module).
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <tuple>
 #include <vector>
 
 #include "binding.h"
 
+namespace fastnorm {
+
+// Keys of tensors that a call must not skip the dispatcher for: functorch wrappers, Python subclasses
+// (__torch_dispatch__), functionalization.
+inline c10::DispatchKeySet wrapper_keys() {
+  static const c10::DispatchKeySet keys({c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
+                                         c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
+  return keys;
+}
+
+}  // namespace fastnorm
+
+#ifndef FASTNORM_CUDA
+#include <ATen/TracerMode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace fastnorm {
+
+// The autograd of a plain eager CPU call of fastnorm.layer_norm / rms_norm: ops/eager_autograd.py's
+// NormFunction in C++, with the same kernels, saved tensors and backward (norm_ops.norm_backward: the
+// kernels straight when nothing records or intercepts the backward, else the op fastnorm::norm_backward),
+// without the Python autograd.Function's host time. y = norm(x) [* weight + bias] over dims [begin, end).
+struct CpuNormFunction : public torch::autograd::Function<CpuNormFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                            int64_t begin, int64_t end, double eps, bool rms) {
+    ctx->saved_data["begin"] = begin;
+    ctx->saved_data["end"] = end;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["rms"] = rms;
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+    return norm_forward(x, weight, bias, begin, end, eps, rms, 0, 0);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2], &dy = grads[0];
+    // needs_input_grad counts the tensor inputs given (an absent weight has no edge).
+    const bool need_dx = ctx->needs_input_grad(0);
+    const bool need_dw = w.defined() && ctx->needs_input_grad(1);
+    const bool need_db = b.defined() && ctx->needs_input_grad(w.defined() ? 2 : 1);
+    const int64_t begin = ctx->saved_data["begin"].toInt(), end = ctx->saved_data["end"].toInt();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool rms = ctx->saved_data["rms"].toBool();
+    const c10::optional<at::Tensor> wo = w.defined() ? c10::optional<at::Tensor>(w) : c10::nullopt;
+    const c10::optional<at::Tensor> bo = b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt;
+    at::Tensor dx, dw, db;
+    if (direct_backward(dy, x, w, b)) {  // norm_ops.norm_backward_kernel
+      std::vector<at::Tensor> g = norm_backward(dy, x, wo, bo, begin, end, eps, rms, need_dx, need_dw, need_db,
+                                                c10::nullopt);
+      dx = std::move(g[0]);
+      if (need_dw) dw = as_param(std::move(g[1]), w);
+      if (need_db) db = as_param(std::move(g[2]), b);
+    } else {  // through the op, as torch.ops.fastnorm.norm_backward
+      static const auto op =
+          c10::Dispatcher::singleton()
+              .findSchemaOrThrow("fastnorm::norm_backward", "")
+              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                  const at::Tensor&, const at::Tensor&, int64_t, int64_t, const c10::optional<at::Tensor>&,
+                  const c10::optional<at::Tensor>&, double, bool, bool, bool, bool,
+                  const c10::optional<at::Tensor>&)>();
+      std::tie(dx, dw, db) = op.call(dy, x, begin, end, wo, bo, eps, rms, need_dx, need_dw, need_db, c10::nullopt);
+    }
+    return {need_dx ? dx : at::Tensor(), need_dw ? dw : at::Tensor(), need_db ? db : at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  // g.reshape(param.shape).to(param.dtype), as norm_ops.norm_backward_kernel: without the dispatcher calls
+  // (a view's metadata) where they would change nothing.
+  static at::Tensor as_param(at::Tensor g, const at::Tensor& param) {
+    if (g.sizes() != param.sizes()) g = g.reshape(param.sizes());
+    if (g.scalar_type() != param.scalar_type()) g = g.to(param.scalar_type());
+    return g;
+  }
+
+  // ops/direct.py's direct_call_ok for the backward's tensors: no dispatch mode, and no gradient to record
+  // (a double backward) or wrapped tensor to handle.
+  static bool direct_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return false;
+    const bool grad = at::GradMode::is_enabled();
+    for (const at::Tensor* t : {&dy, &x, &w, &b}) {
+      if (!t->defined()) continue;
+      if ((grad && t->requires_grad()) || t->key_set().has_any(wrapper_keys())) return false;
+    }
+    return true;
+  }
+};
+
+// True when a call that records autograd may take CpuNormFunction in place of the op: not traced by
+// torch.jit and inside no functorch transform (the caller checks the tensors and dispatch modes).
+inline bool function_context_ok() {
+  return !at::tracer::impl::is_dispatch_enabled() &&
+         !c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+}
+
+}  // namespace fastnorm
+#endif
+
 namespace {
 
-// The fast entry behind fastnorm.layer_norm / rms_norm: a plain call (exact tensors, no autograd to
-// record, no dispatch mode or functorch wrapper, simple arguments) runs the kernels straight away,
-// saving the microseconds of Python checks that decide small shapes. Anything else returns None and
-// the caller takes the Python path, which owns every error message: this function never raises for
-// bad input, it only declines.
-bool plain_tensor(PyObject* obj, bool grad_mode, const at::Tensor** out) {
+// The fast entry behind fastnorm.layer_norm / rms_norm: a plain call (exact tensors, no dispatch mode
+// or functorch wrapper, simple arguments) runs the kernels straight away, saving the microseconds of
+// Python checks that decide small shapes; in the CPU build one that records autograd (outside torch.jit
+// tracing and functorch transforms) runs them through CpuNormFunction, as ops/eager_autograd.py would.
+// Anything else returns None and the caller takes the Python path, which owns every error message:
+// this function never raises for bad input, it only declines. *grad: whether the call records autograd.
+bool plain_tensor(PyObject* obj, bool grad_mode, const at::Tensor** out, bool* grad) {
   if (!THPVariable_CheckExact(obj)) return false;
   const at::Tensor& t = THPVariable_Unpack(obj);
-  static const c10::DispatchKeySet needs_dispatch({c10::DispatchKey::FuncTorchBatched,
-                                                   c10::DispatchKey::FuncTorchGradWrapper,
-                                                   c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
-  if (!t.defined() || t.layout() != at::kStrided || (grad_mode && t.requires_grad()) ||
-      t.key_set().has_any(needs_dispatch)) {
-    return false;
+  if (!t.defined() || t.layout() != at::kStrided || t.key_set().has_any(fastnorm::wrapper_keys())) return false;
+  if (grad_mode && t.requires_grad()) {
+#ifdef FASTNORM_CUDA
+    return false;  // the CUDA build leaves autograd to the Python path
+#else
+    *grad = true;
+#endif
   }
   *out = &t;
   return true;
@@ -61,8 +166,9 @@ double default_eps(at::ScalarType t) {
 py::object try_norm(py::handle x_obj, py::handle shape_obj, py::handle dim_obj, py::handle w_obj,
                     py::handle b_obj, py::handle eps_obj, bool rms) {
   const bool grad_mode = at::GradMode::is_enabled();
+  bool grad = false;
   const at::Tensor* x = nullptr;
-  if (!plain_tensor(x_obj.ptr(), grad_mode, &x) || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+  if (!plain_tensor(x_obj.ptr(), grad_mode, &x, &grad) || c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
     return py::none();
   }
 #ifdef FASTNORM_CUDA
@@ -95,7 +201,7 @@ py::object try_norm(py::handle x_obj, py::handle shape_obj, py::handle dim_obj, 
   for (int i = 0; i < 2; ++i) {
     if (param_objs[i] == Py_None) continue;
     const at::Tensor* t = nullptr;
-    if (!plain_tensor(param_objs[i], grad_mode, &t) || !float_dtype(t->scalar_type()) ||
+    if (!plain_tensor(param_objs[i], grad_mode, &t, &grad) || !float_dtype(t->scalar_type()) ||
         t->sizes() != norm_sizes || t->device() != x->device()) {
       return py::none();
     }
@@ -109,6 +215,12 @@ py::object try_norm(py::handle x_obj, py::handle shape_obj, py::handle dim_obj, 
   } else {
     return py::none();
   }
+#ifndef FASTNORM_CUDA
+  if (grad) {
+    if (!fastnorm::function_context_ok()) return py::none();
+    return py::cast(fastnorm::CpuNormFunction::apply(*x, params[0], params[1], begin, end, eps, rms));
+  }
+#endif
   return py::cast(norm_forward(*x, params[0], params[1], begin, end, eps, rms, 0, 0));
 }
 
@@ -144,4 +256,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return try_norm(x, shape, dim, w, py::none(), eps, true);
         },
         "fastnorm.rms_norm for a plain call, None when the call needs the full Python path");
+#ifndef FASTNORM_CUDA
+  m.def("norm_forward_autograd",
+        [](const at::Tensor& x, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+           int64_t begin_dim, int64_t end_dim, double eps, bool rms) {
+          return fastnorm::CpuNormFunction::apply(x, weight, bias, begin_dim, end_dim, eps, rms);
+        },
+        "norm_forward recording CpuNormFunction (ops/eager_autograd.py's NormFunction in C++) for autograd",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"),
+        py::arg("eps"), py::arg("rms"));
+#endif
 }

@@ -3,7 +3,7 @@ import torch
 
 from fastnorm.ops import extension, norm_ops, residual_ops  # they register torch.ops.fastnorm.*
 from fastnorm.ops.direct import direct_call_ok
-from fastnorm.ops.eager_autograd import NormFunction, function_call_ok
+from fastnorm.ops.eager_autograd import function_call_ok, norm_autograd
 from fastnorm.ops.validate import check_affine, check_residual, norm_dims
 
 _Tensor = torch.Tensor
@@ -47,7 +47,7 @@ def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e
     if direct_call_ok(x, weight, bias):
         return norm_ops.layer_norm_kernel(x, begin, end, weight, bias, float(eps))
     if function_call_ok(x, weight, bias):
-        return NormFunction.apply(x, weight, bias, begin, end, float(eps), False)
+        return norm_autograd(x, weight, bias, begin, end, float(eps), False)
     return torch.ops.fastnorm.layer_norm(x, begin, end, weight, bias, float(eps))
 
 
@@ -79,5 +79,5 @@ def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None, resid
     if direct_call_ok(x, weight):
         return norm_ops.rms_norm_kernel(x, begin, end, weight, float(eps))
     if function_call_ok(x, weight):
-        return NormFunction.apply(x, weight, None, begin, end, float(eps), True)
+        return norm_autograd(x, weight, None, begin, end, float(eps), True)
     return torch.ops.fastnorm.rms_norm(x, begin, end, weight, float(eps))
