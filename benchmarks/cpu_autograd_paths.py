@@ -8,8 +8,6 @@ rounds is printed (us).
     PYTHONPATH=src python benchmarks/cpu_autograd_paths.py [--threads 1] [--rounds 11] [--inner 20]
 """
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +16,8 @@ import fastnorm
 from fastnorm.ops.direct import direct_call_ok
 from fastnorm.ops.eager_autograd import NormFunction, function_call_ok
 from fastnorm.ops.validate import check_affine, norm_dims
+
+from cpu_train_step import bench  # the same rounds of fastest-of-inner calls (benchmarks/ is on the path)
 
 SHAPES = [(32, 1024, torch.float32), (32, 1024, torch.bfloat16), (256, 1024, torch.float32),
           (256, 1024, torch.bfloat16), (2048, 1024, torch.float32), (2048, 1024, torch.bfloat16)]
@@ -65,19 +65,7 @@ def main():
             "rms_fn": step(lambda: fastnorm.rms_norm(x, (n,), w, 1e-6)),
             "rms_py": step(lambda: python_path(x, (n,), w, None, 1e-6, True)),
         }
-        res = {k: [] for k in fns}
-        for f in fns.values():
-            for _ in range(5):
-                f()
-        for _ in range(args.rounds):
-            for k, f in fns.items():
-                best = float("inf")
-                for _ in range(args.inner):
-                    t = time.perf_counter()
-                    f()
-                    best = min(best, time.perf_counter() - t)
-                res[k].append(best)
-        r = {k: statistics.median(v) * 1e6 for k, v in res.items()}
+        r = bench(fns, args.rounds, args.inner)
         name = f"{m}x{n} {str(dt).replace('torch.', '')}"
         print(f"{name:18s} {r['ln_eager']:9.1f} {r['ln_fn']:9.1f} {r['ln_py']:9.1f} {r['ln_fn'] / r['ln_eager']:6.2f} | "
               f"{r['rms_eager']:9.1f} {r['rms_fn']:9.1f} {r['rms_py']:9.1f} {r['rms_fn'] / r['rms_eager']:6.2f}",

@@ -22,6 +22,7 @@ from fastnorm.bench import baseline, chart, family_suite, model_suite, modes, ra
 from fastnorm.bench.cases import OPS
 from fastnorm.bench.runner import Runner, TimingPlan
 from fastnorm.bench.table import fmt_bytes, format_table
+from fastnorm.harness.timing import TIMING_MODES
 
 OP_ALIASES = {"ln": "layer_norm", "layernorm": "layer_norm", "rms": "rms_norm", "rmsnorm": "rms_norm",
               **{op: op for op in OPS}}
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-ms", type=float, help="time per implementation that sets the trial count")
     p.add_argument("--no-flush-l2", dest="flush_l2", action="store_false",
                    help="do not flush the L2 cache before each trial")
-    p.add_argument("--timing", choices=("device", "host"), default="device",
+    p.add_argument("--timing", choices=TIMING_MODES, default="device",
                    help="device (default): events bracket the call while the GPU is still busy with the L2 "
                         "flush, so host-side time overlaps as in a GPU-bound program (like triton's do_bench); "
                         "host: the GPU is idle when the call starts, so its Python and launch time count too")

@@ -7,6 +7,7 @@ written).
 import argparse
 import sys
 
+from fastnorm.harness.timing import TIMING_MODES
 from fastnorm.solve.problem import UnsupportedProblem
 from fastnorm.solve.solver import SUPPORTED, SolveFailed, solve
 
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--perf-trials", type=int, default=None,
                         help="timed runs of the final check (default: 100 on CUDA; on the CPU as many as fit "
                              "about 3 s of the slower model, 20 to 100)")
-    parser.add_argument("--timing", choices=["device", "host"], default="host",
+    parser.add_argument("--timing", choices=TIMING_MODES, default="host",
                         help="how the tuning runs and the final check time a call, as `fastnorm eval --timing`: "
                              "host (default; host time counted) or device (host work overlapped)")
     return parser
