@@ -338,6 +338,85 @@ def test_row_backward_split_over_clusters(monkeypatch, split, shape, dtype):
     assert all(torch.equal(a, b_) for a, b_ in zip(once, again))
 
 
+def _op_grads(x, dy, w, b, rms, train):
+    """(dx, dweight, dbias) through torch.ops.fastnorm's *_train op (the backward reads the saved
+    statistics) or the plain op (it recomputes them)."""
+    x, w, b = (t.detach().requires_grad_() if t is not None else None for t in (x, w, b))
+    ops = torch.ops.fastnorm
+    if rms:
+        y = ops.rms_norm_train(x, 1, 2, w, 1e-5)[0] if train else ops.rms_norm(x, 1, 2, w, 1e-5)
+    else:
+        y = ops.layer_norm_train(x, 1, 2, w, b, 1e-5)[0] if train else ops.layer_norm(x, 1, 2, w, b, 1e-5)
+    y.backward(dy)
+    return x.grad, w.grad, b.grad if b is not None else None
+
+
+# Rows the forward's row kernel takes (at least as many as SMs, aligned, <= 64 KB), so their statistics
+# are saved: small rows several a block, one row a block (5120 bf16: 640 threads), split over a cluster
+# in the backward (14336 bf16, 16384 fp32: 64 KB).
+SAVED_SHAPES = [(300, 1024), (700, 40), (2000, 8), (256, 5120), (200, 14336), (150, 16384), (133, 4096)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("shape", SAVED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("offset", [0.0, 1000.0], ids=["x", "x+1000"])
+def test_saved_statistics(shape, dtype, rms, offset):
+    """The *_train ops' saved statistics: each row's affine map (center, offset, rstd) matches the float64
+    mean and rstd, and gradients through them match float64 as the recomputing backward's do."""
+    if offset and dtype != torch.float32:
+        pytest.skip("an offset of 1000 leaves half-precision rows a few distinct values")
+    torch.manual_seed(0)
+    x = (torch.randn(shape, device="cuda", dtype=torch.float64) + offset).to(dtype)
+    dy = torch.randn(shape, device="cuda", dtype=dtype)
+    w = (1 + 0.5 * torch.randn(shape[1], device="cuda", dtype=torch.float64)).to(dtype)
+    b = None if rms else (0.5 * torch.randn(shape[1], device="cuda", dtype=torch.float64)).to(dtype)
+    ops = torch.ops.fastnorm
+    y, stats = ops.rms_norm_train(x, 1, 2, w, 1e-5) if rms else ops.layer_norm_train(x, 1, 2, w, b, 1e-5)
+    assert stats.shape == (shape[0], 3) and stats.dtype == torch.float32
+    xd = x.double()
+    mean = torch.zeros(shape[0], device="cuda", dtype=torch.float64) if rms else xd.mean(1)
+    var = (xd * xd).mean(1) if rms else (xd - mean[:, None]).pow(2).mean(1)
+    rstd = torch.rsqrt(var + 1e-5)
+    s = stats.double()
+    torch.testing.assert_close(s[:, 2], rstd, rtol=1e-5, atol=0)
+    # mean = center - offset / rstd (Affine: xhat = (x - center) * rstd + offset), to 1e-5 of a std
+    torch.testing.assert_close(s[:, 0] - s[:, 1] / s[:, 2], mean, rtol=0, atol=1e-5 / rstd.min().item())
+    ref = reference_grads(x, dy, 1, 2, w, b, 1e-5, rms)
+    for train in (True, False):
+        got = _op_grads(x, dy, w, b, rms, train)
+        assert_close("dx", got[0], ref[0], dtype, dx_term_scale(x, dy, 1, 2, w, 1e-5, rms))
+        assert_close("dweight", got[1], ref[1], dtype)
+        if b is not None:
+            assert_close("dbias", got[2], ref[2], dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("case", ["few_rows", "odd_width", "misaligned", "cluster", "channel"])
+def test_statistics_not_saved_are_recomputed(case):
+    """Calls whose forward kernel saves no statistics (few rows, scalar rows, long rows, a channel axis)
+    still train through the *_train ops: their stats tensor is left unwritten and the backward
+    recomputes. fastnorm.layer_norm takes those ops for every CUDA call that records autograd."""
+    shapes = {"few_rows": ((64, 1024), 1, 2), "odd_width": ((300, 257), 1, 2), "misaligned": ((300, 1025), 1, 2),
+              "cluster": ((140, 65536), 1, 2), "channel": ((4, 32, 8, 8), 1, 2)}
+    shape, begin, end = shapes[case]
+    if case == "misaligned":  # rows of 1024 starting one element in
+        torch.manual_seed(0)
+        base = torch.randn(shape, device="cuda")
+        x = base[:, 1:]
+        w = torch.randn(1024, device="cuda")
+        dy = torch.randn(300, 1024, device="cuda")
+        got = fastnorm_grads(x, dy, 1, 2, w, None, 1e-5, False)
+        ref = reference_grads(x, dy, 1, 2, w, None, 1e-5, False)
+        assert_close("dx", got[0], ref[0], torch.float32, dx_term_scale(x, dy, 1, 2, w, 1e-5, False))
+        return
+    for rms in (False, True):
+        run_case("cuda", shape, begin, end, torch.float32, affine=True, rms=rms)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_channel_backward_is_reproducible_and_matches_two_kernels(monkeypatch):

@@ -30,7 +30,9 @@ def _rms_norm_samples():
 
 
 @pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck: torch >= 2.4")
-@pytest.mark.parametrize("op,samples", [("layer_norm", _layer_norm_samples), ("rms_norm", _rms_norm_samples)])
+@pytest.mark.parametrize("op,samples", [("layer_norm", _layer_norm_samples), ("rms_norm", _rms_norm_samples),
+                                        ("layer_norm_train", _layer_norm_samples),
+                                        ("rms_norm_train", _rms_norm_samples)])
 def test_opcheck(op, samples):
     for args in samples():
         torch.library.opcheck(getattr(torch.ops.fastnorm, op), args, test_utils=OPCHECK_TESTS)

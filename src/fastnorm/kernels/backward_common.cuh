@@ -28,6 +28,7 @@ struct BackwardArgs {
   int rms;
   void* dw_part;  // [parts][n] accumulator-type partials of dweight, or null
   void* db_part;  // [parts][n] partials of dbias, or null
+  const void* affine;  // the row backward: the forward's saved affine maps [outer][3], or null
 };
 
 // dx = rstd * (g - c1 - xhat * c2) for one row (or column), xhat from the forward's affine map.

@@ -144,7 +144,9 @@ __device__ __forceinline__ A cached_row_sum(const Vec<T, VEC>* cache, int t, int
 // its dweight / dbias sums are those columns of the cluster's partial, and the row sums meet through
 // distributed shared memory (row_sums). Otherwise split = 1 and slice_vec is the row's vector count.
 // (kSplit: compiled apart, so that the cluster exchange costs the other kernels no registers.)
-template <typename T, typename W, int VEC, int K, bool kSplit>
+// kSaved: the forward saved each row's affine map (a.affine): no statistics to take, so a row sums only
+// g and g * xhat (RMSNorm: g * x) and needs no early rough mean.
+template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved>
 __global__ void __launch_bounds__(kBackwardRowThreads, 1)
     row_backward_kernel(BackwardArgs<T, W> a, int tpr, int reduce_tpr, int stages, int split_arg, int slice_vec) {
   using A = typename AccOf<T>::type;
@@ -208,65 +210,107 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
   // same block reduction as the previous row's sums (one barrier a row instead of two); so LayerNorm
   // waits for two rows to have landed and needs three buffers or more. Here: the first row's.
   A center = A(0);
-  if (!rms) {
+  if (!rms && !kSaved) {
     cp_async_wait_pending(stages - 2);
     A total[1] = {cached_row_sum(slots, t, tpr, first + group < a.outer ? count : 0, inv_n)};
     row_sums(total, reduce_tpr, sums[buf], split, share[buf]);
     buf ^= 1;
     center = total[0];
   }
+  // Saved statistics: the next row's affine map is loaded one row ahead (a load from DRAM on every
+  // row's critical path took LayerNorm bf16 8192x5120 from 144 to 156 us).
+  Affine<A> ahead{};
+  if constexpr (kSaved) ahead = load_affine<A>(a.affine, first + group < a.outer ? first + group : 0);
   int slot = 0;
   for (int64_t base = first; base < a.outer; base += step, slot = slot + 1 == stages ? 0 : slot + 1) {
     const int64_t row = base + group;
     const int c = row < a.outer ? count : 0;
     // The slot refilled is the one the previous row used (the same thread's vectors: already read).
     stage(row + (stages - 1) * step, slot == 0 ? stages - 1 : slot - 1);
+    GradCoeffs<A> co;
+    if constexpr (kSaved) {
+      co.st = ahead;
+      ahead = load_affine<A>(a.affine, row + step < a.outer ? row + step : 0);
+    }
     // This row's group has landed (LayerNorm: the next row's too); the later ones may be in flight.
-    cp_async_wait_pending(rms ? stages - 1 : stages - 2);
+    cp_async_wait_pending(rms || kSaved ? stages - 1 : stages - 2);
     const V* xc = slots + int64_t(slot) * 2 * slice_vec;
     const V* gc = xc + slice_vec;
-    // One pass for the corrected sums of d = x - c and d^2 (RMSNorm: x^2) and the sums of g and
-    // g * d; LayerNorm adds the next row's plain sum of x / n.
-    A m[5] = {A(0), A(0), A(0), A(0), A(0)};  // sum d, sum d^2, sum g, sum g * d, next row's sum x / n
+    if constexpr (kSaved) {
+      // sum g and sum g * xhat (RMSNorm: sum g * x, and xhat = x * rstd).
+      A m[2] = {A(0), A(0)};
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (k >= c) break;
-      const int i = t + k * tpr;
-      A xs[VEC], gs[VEC], wv[VEC];
-      widen(xc[i].v, xs);
-      widen(gc[i].v, gs);
-      if (has_w) load_params<false, VEC>(a.w + int64_t(i) * VEC, wv);
+      for (int k = 0; k < K; ++k) {
+        if (k >= c) break;
+        const int i = t + k * tpr;
+        A xs[VEC], gs[VEC], wv[VEC];
+        widen(xc[i].v, xs);
+        widen(gc[i].v, gs);
+        if (has_w) load_params<false, VEC>(a.w + int64_t(i) * VEC, wv);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const A d = xs[e] - center, g = has_w ? gs[e] * wv[e] : gs[e];
-        m[0] += d;
-        m[1] = fma(d, d, m[1]);
-        m[2] += g;
-        m[3] = fma(g, d, m[3]);
+        for (int e = 0; e < VEC; ++e) {
+          const A g = has_w ? gs[e] * wv[e] : gs[e];
+          if (rms) {
+            m[1] = fma(g, xs[e], m[1]);
+          } else {
+            m[0] += g;
+            m[1] = fma(g, normalized(xs[e], co.st), m[1]);
+          }
+        }
+      }
+      if (rms) {
+        A one[1] = {m[1]};
+        row_sums(one, reduce_tpr, sums[buf], split, share[buf]);
+        co.c1 = A(0);
+        co.c2 = co.st.rstd * one[0] * inv_n;
+      } else {
+        row_sums(m, reduce_tpr, sums[buf], split, share[buf]);
+        co.c1 = m[0] * inv_n;
+        co.c2 = m[1] * inv_n;
+      }
+    } else {
+      // One pass for the corrected sums of d = x - c and d^2 (RMSNorm: x^2) and the sums of g and
+      // g * d; LayerNorm adds the next row's plain sum of x / n.
+      A m[5] = {A(0), A(0), A(0), A(0), A(0)};  // sum d, sum d^2, sum g, sum g * d, next row's sum x / n
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (k >= c) break;
+        const int i = t + k * tpr;
+        A xs[VEC], gs[VEC], wv[VEC];
+        widen(xc[i].v, xs);
+        widen(gc[i].v, gs);
+        if (has_w) load_params<false, VEC>(a.w + int64_t(i) * VEC, wv);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A d = xs[e] - center, g = has_w ? gs[e] * wv[e] : gs[e];
+          m[0] += d;
+          m[1] = fma(d, d, m[1]);
+          m[2] += g;
+          m[3] = fma(g, d, m[3]);
+        }
+      }
+      if (rms) {  // only the sums of x^2 and g * x enter RMSNorm's coefficients
+        A two[2] = {m[1], m[3]};
+        row_sums(two, reduce_tpr, sums[buf], split, share[buf]);
+        m[1] = two[0], m[3] = two[1];
+      } else {
+        const int next = slot + 1 == stages ? 0 : slot + 1;
+        m[4] = cached_row_sum(slots + int64_t(next) * 2 * slice_vec, t, tpr, row + step < a.outer ? count : 0, inv_n);
+        row_sums(m, reduce_tpr, sums[buf], split, share[buf]);
+      }
+      if (rms) {
+        co.st = affine_of(A(0), A(0), m[1] * inv_n, a.eps, true);
+        co.c1 = A(0);
+        co.c2 = co.st.rstd * m[3] * inv_n;
+      } else {
+        const A mean_d = m[0] * inv_n;
+        co.st = affine_of(center, mean_d, corrected_variance(mean_d, m[1] * inv_n), a.eps, false);
+        co.c1 = m[2] * inv_n;
+        co.c2 = co.st.rstd * (m[3] * inv_n - mean_d * co.c1);
+        center = m[4];
       }
     }
-    if (rms) {  // only the sums of x^2 and g * x enter RMSNorm's coefficients
-      A two[2] = {m[1], m[3]};
-      row_sums(two, reduce_tpr, sums[buf], split, share[buf]);
-      m[1] = two[0], m[3] = two[1];
-    } else {
-      const int next = slot + 1 == stages ? 0 : slot + 1;
-      m[4] = cached_row_sum(slots + int64_t(next) * 2 * slice_vec, t, tpr, row + step < a.outer ? count : 0, inv_n);
-      row_sums(m, reduce_tpr, sums[buf], split, share[buf]);
-    }
     buf ^= 1;
-    GradCoeffs<A> co;
-    if (rms) {
-      co.st = affine_of(A(0), A(0), m[1] * inv_n, a.eps, true);
-      co.c1 = A(0);
-      co.c2 = co.st.rstd * m[3] * inv_n;
-    } else {
-      const A mean_d = m[0] * inv_n;
-      co.st = affine_of(center, mean_d, corrected_variance(mean_d, m[1] * inv_n), a.eps, false);
-      co.c1 = m[2] * inv_n;
-      co.c2 = co.st.rstd * (m[3] * inv_n - mean_d * co.c1);
-      center = m[4];
-    }
     // dx = rstd * g + (-rstd * c1 - rstd * c2 * xhat): two FMAs an element instead of three operations.
     const A k1 = -co.st.rstd * co.c1, k2 = -co.st.rstd * co.c2;
     V* dxv = reinterpret_cast<V*>(a.dx + (c ? row : 0) * a.n);
@@ -333,6 +377,7 @@ struct RowBackwardPlan {
   int slice_vec;
   int64_t parts;
   size_t smem;
+  bool saved;  // the kernel reads the forward's saved affine maps
 };
 
 // FASTNORM_ROW_BWD_STAGES (read at each call, for A/B runs): the row backward's buffers, 2-4 (LayerNorm
@@ -351,9 +396,9 @@ static inline int row_backward_split(int least) {
   return v > least && v <= kBackwardMaxCluster ? v : least;
 }
 
-template <typename T, typename W, int VEC, int K, bool kSplit = false>
+template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved>
 static inline const void* row_backward_kernel_ptr() {
-  return reinterpret_cast<const void*>(row_backward_kernel<T, W, VEC, K, kSplit>);
+  return reinterpret_cast<const void*>(row_backward_kernel<T, W, VEC, K, kSplit, kSaved>);
 }
 
 // Vectors a thread owns, at most (K in {1, 2, 4}, at most kBackwardThreadElems elements).
@@ -363,16 +408,32 @@ constexpr int row_backward_max_k() {
 }
 
 // The kernel for k vectors a thread; a split row always takes the one of K (the most).
-template <typename T, typename W, int VEC, int K>
-static inline const void* row_backward_kernel_of(int k, bool split) {
-  if (split) return k == K ? row_backward_kernel_ptr<T, W, VEC, K, true>() : nullptr;
+template <typename T, typename W, int VEC, int K, bool kSaved>
+static inline const void* row_backward_kernel_for(int k, bool split) {
+  if (split) return k == K ? row_backward_kernel_ptr<T, W, VEC, K, true, kSaved>() : nullptr;
   if constexpr (K >= 4) {
-    if (k == 4) return row_backward_kernel_ptr<T, W, VEC, 4>();
+    if (k == 4) return row_backward_kernel_ptr<T, W, VEC, 4, false, kSaved>();
   }
   if constexpr (K >= 2) {
-    if (k == 2) return row_backward_kernel_ptr<T, W, VEC, 2>();
+    if (k == 2) return row_backward_kernel_ptr<T, W, VEC, 2, false, kSaved>();
   }
-  return k == 1 ? row_backward_kernel_ptr<T, W, VEC, 1>() : nullptr;
+  return k == 1 ? row_backward_kernel_ptr<T, W, VEC, 1, false, kSaved>() : nullptr;
+}
+
+// Saved statistics are read by the vector kernels only (the forward saves them for aligned rows; a
+// misaligned dy alone, which the scalar kernels take, recomputes them).
+// FASTNORM_ROW_BWD_SAVED=0 (read at each call, for A/B runs) recomputes them anyway.
+static inline bool row_backward_reads_saved() {
+  const char* env = std::getenv("FASTNORM_ROW_BWD_SAVED");
+  return !(env && env[0] == '0');
+}
+
+template <typename T, typename W, int VEC, int K>
+static inline const void* row_backward_kernel_of(int k, bool split, bool saved) {
+  if constexpr (VEC > 1) {
+    if (saved) return row_backward_kernel_for<T, W, VEC, K, true>(k, split);
+  }
+  return row_backward_kernel_for<T, W, VEC, K, false>(k, split);
 }
 
 static inline cudaLaunchConfig_t row_backward_config(const RowBackwardPlan& plan, cudaStream_t stream,
@@ -426,7 +487,7 @@ static inline int row_backward_clusters(const void* kernel, const RowBackwardPla
 template <typename T, typename W, int VEC>
 static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   using V = Vec<T, VEC>;
-  const RowBackwardPlan none{0, 0, 0, 0, 0, 0, 0, 0, 0};
+  const RowBackwardPlan none{0, 0, 0, 0, 0, 0, 0, 0, 0, false};
   constexpr int kMaxK = row_backward_max_k<T, VEC>();
   const int64_t nvec = p.n / VEC;
   const Device dev = device_info();
@@ -442,10 +503,11 @@ static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   const int64_t rows_per_block = threads / tpr;
   const int64_t stage_bytes = rows_per_block * 2 * slice_vec * int64_t(sizeof(V));  // x and dy of the block's rows
   if (2 * stage_bytes > kBackwardRowSmem) return none;
-  const void* kernel = row_backward_kernel_of<T, W, VEC, kMaxK>(k, split > 1);
+  const bool saved = VEC > 1 && p.affine != nullptr && row_backward_reads_saved();
+  const void* kernel = row_backward_kernel_of<T, W, VEC, kMaxK>(k, split > 1, saved);
   if (kernel == nullptr) return none;
-  static bool smem_allowed[4] = {false, false, false, false};
-  const int which = split > 1 ? 3 : k == 1 ? 0 : k == 2 ? 1 : 2;
+  static bool smem_allowed[8] = {false, false, false, false, false, false, false, false};
+  const int which = (split > 1 ? 3 : k == 1 ? 0 : k == 2 ? 1 : 2) + (saved ? 4 : 0);
   if (!smem_allowed[which]) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem));
     smem_allowed[which] = true;
@@ -454,12 +516,12 @@ static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   if (per_sm < 1) return none;
   // As many stages as fit without costing a resident block (registers limit the blocks first), at
   // least the 3 that LayerNorm's early rough mean needs (3 x 64 KB fit at most).
-  const int fewest = p.rms ? 2 : 3;
+  const int fewest = p.rms || saved ? 2 : 3;
   int stages = std::max(row_backward_max_stages(), fewest);
   while (stages > fewest && (stages * stage_bytes > kBackwardRowSmem ||
                             blocks_per_sm(kernel, threads, size_t(stages * stage_bytes)) < per_sm)) --stages;
   if (stages * stage_bytes > kBackwardRowSmem) return none;
-  RowBackwardPlan plan{tpr, threads, k, 0, stages, split, int(slice_vec), 0, size_t(stages * stage_bytes)};
+  RowBackwardPlan plan{tpr, threads, k, 0, stages, split, int(slice_vec), 0, size_t(stages * stage_bytes), saved};
   if (split > 1) {
     const int resident = row_backward_clusters(kernel, plan);
     if (resident < 1) return none;
@@ -479,8 +541,9 @@ template <typename T, typename W, int VEC>
 static inline const char* launch_row_backward(const NormBackwardParams& p, const RowBackwardPlan& plan, void* dw_part,
                                        void* db_part, cudaStream_t stream) {
   BackwardArgs<T, W> a{static_cast<const T*>(p.x), static_cast<const T*>(p.dy), static_cast<const W*>(p.weight),
-                       static_cast<T*>(p.dx), static_cast<const T*>(p.dx_add), p.outer, p.n, 1, p.x_outer_stride, p.eps, p.rms, dw_part, db_part};
-  const void* kernel = row_backward_kernel_of<T, W, VEC, row_backward_max_k<T, VEC>()>(plan.k, plan.split > 1);
+                       static_cast<T*>(p.dx), static_cast<const T*>(p.dx_add), p.outer, p.n, 1, p.x_outer_stride, p.eps, p.rms, dw_part, db_part,
+                       plan.saved ? p.affine : nullptr};
+  const void* kernel = row_backward_kernel_of<T, W, VEC, row_backward_max_k<T, VEC>()>(plan.k, plan.split > 1, plan.saved);
   int tpr = plan.tpr, reduce_tpr = pow2_at_least(plan.tpr), stages = plan.stages, split = plan.split;
   int slice_vec = plan.slice_vec;
   void* args[] = {&a, &tpr, &reduce_tpr, &stages, &split, &slice_vec};

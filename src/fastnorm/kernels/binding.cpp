@@ -20,6 +20,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 int64_t fastnorm_cuda_workspace_bytes(const NormParams& p);
+bool fastnorm_cuda_saves_stats(const NormParams& p);
 const char* fastnorm_cuda_forward(const NormParams& p, void* stream);
 int64_t fastnorm_cuda_backward_workspace_bytes(const NormBackwardParams& p);
 const char* fastnorm_cuda_backward(const NormBackwardParams& p, void* stream);
@@ -147,14 +148,23 @@ void describe_call(P& p, const NormCall& c, const at::Tensor& xc, int64_t outer_
   p.eps = eps;
 }
 
-}  // namespace
+// The accumulator type of x's kernels: what saved statistics are stored in.
+at::ScalarType accumulator_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
-at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
-                        const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
-                        double eps, bool rms, int64_t threads, int64_t blocks_per_row) {
+// norm_forward; with `stats` (norm_forward_train) also the statistics tensor, filled where the CUDA row
+// kernel takes the call.
+at::Tensor forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                   int64_t begin_dim, int64_t end_dim, double eps, bool rms, int64_t threads, int64_t blocks_per_row,
+                   at::Tensor* stats) {
   NormCall c = prepare_call(x, weight, bias, begin_dim, end_dim, rms);
 #ifdef FASTNORM_CUDA
   const c10::cuda::OptionalCUDAGuard guard(x.device());
+  if (stats) {
+    const std::vector<int64_t> shape = c.inner == 1 ? std::vector<int64_t>{c.outer, 3} : std::vector<int64_t>{0};
+    *stats = at::empty(shape, x.options().dtype(accumulator_type(x)));
+  }
+#else
+  if (stats) *stats = at::empty({0}, x.options().dtype(accumulator_type(x)));
 #endif
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return y;
@@ -167,6 +177,7 @@ at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& we
   p.threads = static_cast<int>(threads);
   p.blocks_per_row = static_cast<int>(blocks_per_row);
 #ifdef FASTNORM_CUDA
+  if (stats && fastnorm_cuda_saves_stats(p)) p.stats = stats->data_ptr();
   at::Tensor workspace;
   const int64_t ws_bytes = fastnorm_cuda_workspace_bytes(p);
   if (ws_bytes > 0) {
@@ -180,6 +191,27 @@ at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& we
 #endif
   TORCH_CHECK(err == nullptr, "fastnorm kernel failed: ", err);
   return y;
+}
+
+}  // namespace
+
+at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                        const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
+                        double eps, bool rms, int64_t threads, int64_t blocks_per_row) {
+  return forward(x, weight, bias, begin_dim, end_dim, eps, rms, threads, blocks_per_row, nullptr);
+}
+
+// The forward of a call that records autograd: (y, stats). stats is (outer, 3) for last-dim CUDA calls
+// (its shape follows the call's shape and device only, as the op's fake function says) and holds each
+// row's affine map where the row kernel takes the call (fastnorm_cuda_saves_stats); else it is
+// unwritten, and norm_backward, asking the same question of the same tensors, recomputes them. (0,)
+// elsewhere.
+std::vector<at::Tensor> norm_forward_train(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
+                                           double eps, bool rms) {
+  at::Tensor stats;
+  at::Tensor y = forward(x, weight, bias, begin_dim, end_dim, eps, rms, 0, 0, &stats);
+  return {y, stats};
 }
 
 // Pre-norm residual blocks: h = x + residual (in x's dtype, or float32 with residual_in_fp32) and
@@ -230,7 +262,7 @@ std::vector<at::Tensor> add_norm_forward(const at::Tensor& x, const at::Tensor& 
 std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                                       const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
                                       double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias,
-                                      const c10::optional<at::Tensor>& dx_add) {
+                                      const c10::optional<at::Tensor>& dx_add, const c10::optional<at::Tensor>& stats) {
   NormCall c = prepare_call(x, weight, bias, begin_dim, end_dim, rms);
   TORCH_CHECK(dy.sizes() == x.sizes(), "fastnorm: grad has shape ", dy.sizes(), ", input ", x.sizes());
   TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "fastnorm: grad dtype ", dy.scalar_type(), ", input ",
@@ -270,6 +302,14 @@ std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x,
   p.dweight = need_dweight ? dw.data_ptr() : nullptr;
   p.dbias = need_dbias ? db.data_ptr() : nullptr;
 #ifdef FASTNORM_CUDA
+  if (stats.has_value() && stats->defined() && stats->numel() == c.outer * 3 && c.inner == 1) {
+    TORCH_CHECK(stats->scalar_type() == accumulator_type(x) && stats->is_contiguous() && stats->device() == x.device(),
+                "fastnorm: saved statistics must be a contiguous ", accumulator_type(x), " tensor on ", x.device());
+    NormParams f{};  // the forward this backward belongs to, as the binding described it
+    describe_call(f, c, xc, outer_stride, eps, rms);
+    f.bias = c.b.defined() ? c.b.data_ptr() : nullptr;
+    if (fastnorm_cuda_saves_stats(f)) p.affine = stats->data_ptr();
+  }
   at::Tensor workspace;
   const int64_t ws_bytes = fastnorm_cuda_backward_workspace_bytes(p);
   if (ws_bytes > 0) {

@@ -14,10 +14,14 @@ at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& we
                         const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
                         double eps, bool rms, int64_t threads, int64_t blocks_per_row);
 
+std::vector<at::Tensor> norm_forward_train(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                           const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
+                                           double eps, bool rms);
+
 std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                                       const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,
                                       double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias,
-                                      const c10::optional<at::Tensor>& dx_add);
+                                      const c10::optional<at::Tensor>& dx_add, const c10::optional<at::Tensor>& stats);
 
 std::vector<at::Tensor> add_norm_forward(const at::Tensor& x, const at::Tensor& residual,
                                          const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,

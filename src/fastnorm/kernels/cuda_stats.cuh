@@ -146,6 +146,19 @@ __device__ __forceinline__ Affine<A> affine_of(A shift, A mean_rel, A var, doubl
   return {center, -lo * rstd, rstd};
 }
 
+// A row's affine map saved by the forward for the backward (NormParams::stats: [rows][3]).
+template <typename A>
+__device__ __forceinline__ void save_affine(void* stats, int64_t row, const Affine<A>& st) {
+  A* s = static_cast<A*>(stats) + row * 3;
+  s[0] = st.center, s[1] = st.offset, s[2] = st.rstd;
+}
+
+template <typename A>
+__device__ __forceinline__ Affine<A> load_affine(const void* stats, int64_t row) {
+  const A* s = static_cast<const A*>(stats) + row * 3;
+  return {s[0], s[1], s[2]};
+}
+
 template <typename A>
 __device__ __forceinline__ Affine<A> finalize(const Stats<A>& s, int64_t n, double eps, bool rms, A shift) {
   return affine_of(shift, s.mean, s.m2 / A(n), eps, rms);

@@ -40,6 +40,11 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
   return bytes;
 }
 
+// Whether a forward of this call can save its rows' statistics for the backward (NormParams::stats).
+bool fastnorm_cuda_saves_stats(const NormParams& p) {
+  return p.outer > 0 && p.n > 0 && fastnorm::row_stats_saved(p);
+}
+
 const char* fastnorm_cuda_forward(const NormParams& p, void* stream_ptr) {
   using namespace fastnorm;
   if (p.outer == 0 || p.n == 0 || p.inner == 0) return nullptr;

@@ -63,7 +63,7 @@ struct CpuNormFunction : public torch::autograd::Function<CpuNormFunction> {
     at::Tensor dx, dw, db;
     if (direct_backward(dy, x, w, b)) {  // norm_ops.norm_backward_kernel
       std::vector<at::Tensor> g = norm_backward(dy, x, wo, bo, begin, end, eps, rms, need_dx, need_dw, need_db,
-                                                c10::nullopt);
+                                                c10::nullopt, c10::nullopt);
       dx = std::move(g[0]);
       if (need_dw) dw = as_param(std::move(g[1]), w);
       if (need_db) db = as_param(std::move(g[2]), b);
@@ -74,8 +74,9 @@ struct CpuNormFunction : public torch::autograd::Function<CpuNormFunction> {
               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
                   const at::Tensor&, const at::Tensor&, int64_t, int64_t, const c10::optional<at::Tensor>&,
                   const c10::optional<at::Tensor>&, double, bool, bool, bool, bool,
-                  const c10::optional<at::Tensor>&)>();
-      std::tie(dx, dw, db) = op.call(dy, x, begin, end, wo, bo, eps, rms, need_dx, need_dw, need_db, c10::nullopt);
+                  const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&)>();
+      std::tie(dx, dw, db) =
+          op.call(dy, x, begin, end, wo, bo, eps, rms, need_dx, need_dw, need_db, c10::nullopt, c10::nullopt);
     }
     return {need_dx ? dx : at::Tensor(), need_dw ? dw : at::Tensor(), need_db ? db : at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -230,10 +231,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("norm_forward", &norm_forward, "LayerNorm / RMSNorm over dims [begin_dim, end_dim) of x",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"),
         py::arg("eps"), py::arg("rms"), py::arg("threads") = 0, py::arg("blocks_per_row") = 0);
+  m.def("norm_forward_train", &norm_forward_train,
+        "(y, stats): norm_forward, and the rows' statistics for norm_backward where the kernel saves them",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"), py::arg("eps"),
+        py::arg("rms"));
   m.def("norm_backward", &norm_backward, "(dx, dweight, dbias) of norm_forward given the output gradient dy",
         py::arg("dy"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"),
         py::arg("eps"), py::arg("rms"), py::arg("need_dx"), py::arg("need_dweight"), py::arg("need_dbias"),
-        py::arg("dx_add") = py::none());
+        py::arg("dx_add") = py::none(), py::arg("stats") = py::none());
   m.def("add_norm_forward", &add_norm_forward, "(y, h): h = x + residual, y = norm(h) over dims [begin_dim, end_dim)",
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"),
         py::arg("end_dim"), py::arg("eps"), py::arg("rms"), py::arg("residual_in_fp32"));

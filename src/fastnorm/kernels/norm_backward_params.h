@@ -3,8 +3,8 @@
 //
 // Given x and the gradient dy of y = norm(x) [* w + b], the kernels write dx and, when asked,
 // dweight / dbias. The row statistics (mean, rstd) are recomputed from x during the backward's own
-// first read of it: no extra pass over memory, nothing saved by the forward but x. (The CPU kernels
-// also take saved statistics; the ops do not save any.)
+// first read of it (no extra pass over memory), unless the CUDA forward saved them (`affine`). (The
+// CPU kernels also take saved mean / rstd; the ops do not save any on the CPU.)
 // x is at x[o * x_outer_stride + j * inner + i], dy at dy[o * dy_outer_stride + j * inner + i] (the
 // CUDA kernels take dy_outer_stride == n * inner: the binding passes a contiguous dy); dx is contiguous.
 #pragma once
@@ -37,4 +37,7 @@ struct NormBackwardParams {
   // Scratch space (partial sums), size from the *_backward_workspace_bytes entry; need not be zeroed.
   void* workspace;
   int64_t workspace_bytes;
+  // CUDA: the forward's saved affine maps (NormParams::stats), or null. The row backward then skips
+  // the statistics and sums only g and g * xhat (RMSNorm: g * x); other paths recompute them.
+  const void* affine;
 };

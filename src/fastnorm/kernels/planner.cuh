@@ -171,33 +171,56 @@ static inline RowPlan plan_rows(const NormParams& p) {
 #endif
 }
 
+// Training: the calls whose forward saves each row's affine map for the backward (NormParams::stats):
+// those the cached row kernel takes for sure. Aligned rows of at most 64 KB (no warp rows, cluster,
+// resident or streamed kernel), at least as many as SMs (no few-rows kernel), no tuning override
+// (the row kernel, one block a row or fewer). The binding asks before the forward, and again before
+// the backward, with the same tensors: the answer only depends on the call's shape, alignment and
+// device.
+constexpr int64_t kSavedStatsRowBytes = 64 << 10;
+
+static inline bool row_stats_saved(const NormParams& p) {
+#ifdef FASTNORM_WANT_ROW
+  return p.inner == 1 && p.residual == nullptr && p.threads <= 0 && p.blocks_per_row <= 0 && row_vec(p) > 1 &&
+         p.n * elem_size(p.dtype) <= kSavedStatsRowBytes && p.outer >= device_info().sms;
+#else
+  return false;
+#endif
+}
+
+// What a forward asked to save statistics answers when its kernel would not save them.
+#define FASTNORM_STATS_NOT_SAVED "statistics asked of a call the row kernel does not take (fastnorm_cuda_saves_stats)"
+
 template <typename T, typename W, int VEC>
 static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   [[maybe_unused]] const Device dev = device_info();  // unread in a build without the families whose rules read it
 #ifdef FASTNORM_WANT_RESIDENT
   if constexpr (VEC > 1) {
     const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);
-    if (resident.k > 0) return launch_resident<T, W, VEC>(p, resident, stream);
+    if (resident.k > 0) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_resident<T, W, VEC>(p, resident, stream);
   }
 #endif
 #ifdef FASTNORM_WANT_STREAMED
-  if (streamed_rows(p, dev.sms)) return launch_streamed<T, W, VEC>(p, stream);
+  if (streamed_rows(p, dev.sms)) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_streamed<T, W, VEC>(p, stream);
 #endif
 #ifdef FASTNORM_WANT_CLUSTER
   const int g = cluster_plan(p, dev, VEC);
-  if (g > 0) return launch_cluster<T, W, VEC>(p, g, stream);
+  if (g > 0) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_cluster<T, W, VEC>(p, g, stream);
 #endif
 #ifdef FASTNORM_WANT_FEW_ROWS
-  if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) return launch_few_rows<T, W, VEC>(p, stream);
+  if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) {
+    return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_few_rows<T, W, VEC>(p, stream);
+  }
 #endif
 #ifdef FASTNORM_WANT_WARP_ROWS
-  if (warp_rows_take(p, VEC)) return launch_warp_rows<T, W>(p, stream);
+  if (warp_rows_take(p, VEC)) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_warp_rows<T, W>(p, stream);
 #endif
 #if defined(FASTNORM_WANT_ROW) || defined(FASTNORM_WANT_SPLIT) || defined(FASTNORM_WANT_SPLIT_UNCACHED)
   const RowPlan plan = plan_rows<T, W, VEC>(p);
   if (plan.g == 0) return FASTNORM_NOT_BUILT;
+  if (p.stats && plan.g != 1) return FASTNORM_STATS_NOT_SAVED;
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms};
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms, p.stats};
   if (plan.grid == 0) return nullptr;
   if (plan.g == 1) {
 #ifdef FASTNORM_WANT_ROW
@@ -254,6 +277,7 @@ static inline const char* dispatch_residual(const NormParams& p, cudaStream_t st
 template <typename T, typename W>
 static inline const char* dispatch_layout(const NormParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
+  if (p.stats && !row_stats_saved(p)) return FASTNORM_STATS_NOT_SAVED;
 #ifdef FASTNORM_WANT_RESIDUAL
   if (p.residual) return row_vec(p) > 1 ? dispatch_residual<T, W, kVec>(p, stream) : dispatch_residual<T, W, 1>(p, stream);
 #else

@@ -5,7 +5,8 @@
 namespace fastnorm {
 
 // One row per group of `tpr` threads, blockDim / tpr rows per block; `cache_vec` vectors of shared
-// memory per row (0: no cache, x is read twice).
+// memory per row (0: no cache, x is read twice). With a.stats (training) each row's affine map is
+// saved for the backward.
 // Cached rows take their statistics in passes over shared memory, each ending in one plain sum
 // over the group: the sum of x / n gives a rough mean c, then the corrected two-pass sums of d = x - c
 // and d * d give the variance and the exact mean (c plus a small correction), however far the
@@ -52,12 +53,15 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, 
         const A mean_d = dev[0] * inv_n;  // the small correction of c, exact enough in a plain sum
         st = affine_of(c, mean_d, corrected_variance(mean_d, dev[1] * inv_n), a.eps, false);
       }
+      if (a.stats && active && t == 0) save_affine(a.stats, row, st);
       store_own_vectors<false>(cache, yv, a.w, a.b, st, t, sh, count, rms);
     } else {
       const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
       RowSlice<A, T, VEC, false> slice{0, active ? nvec : 0, t, tpr};
       const Stats<A> s = group_reduce(slice.stats(xv, rms, shift), tpr, rms, red);
-      if (active) slice.template apply<false>(xv, yv, a.w, a.b, finalize(s, a.n, a.eps, rms, shift));
+      const Affine<A> st = finalize(s, a.n, a.eps, rms, shift);
+      if (a.stats && active && t == 0) save_affine(a.stats, row, st);
+      if (active) slice.template apply<false>(xv, yv, a.w, a.b, st);
     }
   }
 }

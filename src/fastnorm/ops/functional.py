@@ -11,6 +11,10 @@ _is_compiling = torch.compiler.is_compiling
 _built = extension.loaded_modules()  # device type -> extension, filled as extensions load
 
 
+def _records_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _fast_entry(x):
     """The loaded extension that can take a call on x's device straight from C++, or None. Only an
     extension that is already loaded: the first call of a process takes the Python path, which
@@ -48,6 +52,8 @@ def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e
         return norm_ops.layer_norm_kernel(x, begin, end, weight, bias, float(eps))
     if function_call_ok(x, weight, bias):
         return norm_autograd(x, weight, bias, begin, end, float(eps), False)
+    if x.is_cuda and _records_grad(x, weight, bias):  # the backward reads the saved statistics
+        return torch.ops.fastnorm.layer_norm_train(x, begin, end, weight, bias, float(eps))[0]
     return torch.ops.fastnorm.layer_norm(x, begin, end, weight, bias, float(eps))
 
 
@@ -80,4 +86,6 @@ def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None, resid
         return norm_ops.rms_norm_kernel(x, begin, end, weight, float(eps))
     if function_call_ok(x, weight):
         return norm_autograd(x, weight, None, begin, end, float(eps), True)
+    if x.is_cuda and _records_grad(x, weight):  # the backward reads the saved statistics
+        return torch.ops.fastnorm.rms_norm_train(x, begin, end, weight, float(eps))[0]
     return torch.ops.fastnorm.rms_norm(x, begin, end, weight, float(eps))
