@@ -1,5 +1,5 @@
 """The eager CPU train step (forward + backward) of LayerNorm / RMSNorm by autograd path, in one process:
-eager (F.layer_norm / F.rms_norm), fastnorm (the C++ CpuNormFunction, recorded by the extension's
+eager (F.layer_norm / F.rms_norm), fastnorm (the C++ CppNormFunction, recorded by the extension's
 try_layer_norm / try_rms_norm), and the Python path it replaced (functional.py's checks, then
 eager_autograd.NormFunction.apply). Weight and bias (RMSNorm: weight) all need gradients. Paths take
 turns in rounds (a shared, noisy machine); each round keeps its fastest of `inner` steps; the median over
@@ -49,7 +49,7 @@ def main():
         w = torch.randn(n, dtype=dt, requires_grad=True)
         b = torch.randn(n, dtype=dt, requires_grad=True)
         dy = torch.randn(m, n, dtype=dt)
-        assert "CpuNormFunction" in fastnorm.layer_norm(x, (n,), w, b).grad_fn.name()
+        assert "CppNormFunction" in fastnorm.layer_norm(x, (n,), w, b).grad_fn.name()
 
         def step(fn):
             def run():

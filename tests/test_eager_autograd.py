@@ -1,4 +1,4 @@
-"""fastnorm.layer_norm / rms_norm record the CPU extension's CpuNormFunction (C++, kernels/module.cpp) for a
+"""fastnorm.layer_norm / rms_norm record the CPU extension's CppNormFunction (C++, kernels/module.cpp) for a
 plain CPU call that needs gradients, and the custom op otherwise: both give the same bits, and so does
 eager_autograd.NormFunction, its statement in Python."""
 import warnings
@@ -13,8 +13,8 @@ from fastnorm.ops import eager_autograd, extension
 
 
 def _cpp(grad_fn) -> bool:
-    """Whether a grad_fn is CpuNormFunction's node."""
-    return grad_fn is not None and "CpuNormFunction" in grad_fn.name()
+    """Whether a grad_fn is CppNormFunction's node."""
+    return grad_fn is not None and "CppNormFunction" in grad_fn.name()
 
 
 class _Passthrough(TorchDispatchMode):
@@ -76,7 +76,7 @@ def test_non_contiguous_grad_and_channel_axis():
     assert torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
 
 
-# ---- CpuNormFunction against NormFunction and the op, bit for bit
+# ---- CppNormFunction against NormFunction and the op, bit for bit
 
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -89,7 +89,7 @@ def _leaves(tensors, need):
 def _run(path, x, w, b, dy, need, begin, end, eps, rms):
     """(y, grads of x / w / b or None, grad_fn) of one way of computing the norm with autograd."""
     xs, ws, bs = _leaves((x, w, b), need)
-    if path == "public":  # try_layer_norm / try_rms_norm: CpuNormFunction straight from C++
+    if path == "public":  # try_layer_norm / try_rms_norm: CppNormFunction straight from C++
         shape = tuple(x.shape[begin:end])
         dim = None if end == x.dim() else begin
         if rms:
@@ -236,7 +236,7 @@ def test_cpp_function_bad_input_keeps_the_messages():
 
 def test_cpp_function_double_backward_as_python_function():
     """create_graph: the backward goes through the op fastnorm::norm_backward, which has no autograd (a
-    warning, no second-order gradient), for CpuNormFunction as for NormFunction."""
+    warning, no second-order gradient), for CppNormFunction as for NormFunction."""
     outcomes = []
     for path in ("public", "python"):
         x = torch.randn(4, 9, dtype=torch.float64, requires_grad=True)
@@ -322,7 +322,7 @@ def test_functorch_and_tracing_keep_the_op():
         if outcomes[0][0] == "ok":
             assert torch.allclose(outcomes[0][1], outcomes[1][1])
         else:
-            assert outcomes[0][1] == outcomes[1][1] and "CpuNormFunction" not in outcomes[0][1]
+            assert outcomes[0][1] == outcomes[1][1] and "CppNormFunction" not in outcomes[0][1]
     traced = torch.jit.trace(lambda t, w_: fastnorm.layer_norm(t, (8,), w_), (x_, w), check_trace=False)
     assert "fastnorm::layer_norm" in str(traced.graph)
 

@@ -1,5 +1,5 @@
 """The C++ fast entry behind fastnorm.layer_norm / rms_norm: it takes plain calls (those that record
-autograd through CpuNormFunction), declines (returns None, never raises) everything that needs the
+autograd through CppNormFunction), declines (returns None, never raises) everything that needs the
 Python path, and gives the same bits as the op."""
 import pytest
 import torch
@@ -90,7 +90,7 @@ def test_records_autograd_through_the_cpp_function(ext, which):
     x, w, b = _inputs()
     xs, ws, bs = (t.clone().requires_grad_(name == which) for t, name in zip((x, w, b), ("x", "weight", "bias")))
     y = ext.try_layer_norm(xs, (40,), None, ws, bs, 1e-5)
-    assert y is not None and "CpuNormFunction" in y.grad_fn.name()
+    assert y is not None and "CppNormFunction" in y.grad_fn.name()
     assert torch.equal(y, torch.ops.fastnorm.layer_norm(x, 1, 2, w, b, 1e-5))
     y = ext.try_rms_norm(xs, None, -1, ws, 1e-6)
     assert (y.grad_fn is not None) == (which != "bias")

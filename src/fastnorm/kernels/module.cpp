@@ -1,5 +1,5 @@
 // The extension's Python module: norm_forward, norm_backward, the family's forwards, the fast entries behind
-// fastnorm.layer_norm / rms_norm and, in the CPU build, their autograd (CpuNormFunction). Not part of
+// fastnorm.layer_norm / rms_norm and their eager autograd (CppNormFunction). Not part of
 // single-file solutions (load_inline writes its own module).
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -23,7 +23,6 @@ inline c10::DispatchKeySet wrapper_keys() {
 
 }  // namespace fastnorm
 
-#ifndef FASTNORM_CUDA
 #include <ATen/TracerMode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -31,11 +30,13 @@ inline c10::DispatchKeySet wrapper_keys() {
 
 namespace fastnorm {
 
-// The autograd of a plain eager CPU call of fastnorm.layer_norm / rms_norm: ops/eager_autograd.py's
+// The autograd of a plain eager call of fastnorm.layer_norm / rms_norm: ops/eager_autograd.py's
 // NormFunction in C++, with the same kernels, saved tensors and backward (norm_ops.norm_backward: the
 // kernels straight when nothing records or intercepts the backward, else the op fastnorm::norm_backward),
-// without the Python autograd.Function's host time. y = norm(x) [* weight + bias] over dims [begin, end).
-struct CpuNormFunction : public torch::autograd::Function<CpuNormFunction> {
+// without the Python autograd.Function's host time (on a 2-core CPU the op's Python autograd took a small
+// training step from 35 to 108-124 us; this Function 37). In the CUDA build it also saves the rows'
+// statistics, as the *_train ops do. y = norm(x) [* weight + bias] over dims [begin, end).
+struct CppNormFunction : public torch::autograd::Function<CppNormFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
                             int64_t begin, int64_t end, double eps, bool rms) {
@@ -43,14 +44,20 @@ struct CpuNormFunction : public torch::autograd::Function<CpuNormFunction> {
     ctx->saved_data["end"] = end;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["rms"] = rms;
-    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor())});
+#ifdef FASTNORM_CUDA
+    std::vector<at::Tensor> y_stats = norm_forward_train(x, weight, bias, begin, end, eps, rms);
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), y_stats[1]});
+    return y_stats[0];
+#else
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), at::Tensor()});
     return norm_forward(x, weight, bias, begin, end, eps, rms, 0, 0);
+#endif
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2], &dy = grads[0];
+    const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2], &stats = saved[3], &dy = grads[0];
     // needs_input_grad counts the tensor inputs given (an absent weight has no edge).
     const bool need_dx = ctx->needs_input_grad(0);
     const bool need_dw = w.defined() && ctx->needs_input_grad(1);
@@ -60,10 +67,11 @@ struct CpuNormFunction : public torch::autograd::Function<CpuNormFunction> {
     const bool rms = ctx->saved_data["rms"].toBool();
     const c10::optional<at::Tensor> wo = w.defined() ? c10::optional<at::Tensor>(w) : c10::nullopt;
     const c10::optional<at::Tensor> bo = b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt;
+    const c10::optional<at::Tensor> so = stats.defined() ? c10::optional<at::Tensor>(stats) : c10::nullopt;
     at::Tensor dx, dw, db;
     if (direct_backward(dy, x, w, b)) {  // norm_ops.norm_backward_kernel
       std::vector<at::Tensor> g = norm_backward(dy, x, wo, bo, begin, end, eps, rms, need_dx, need_dw, need_db,
-                                                c10::nullopt, c10::nullopt);
+                                                c10::nullopt, so);
       dx = std::move(g[0]);
       if (need_dw) dw = as_param(std::move(g[1]), w);
       if (need_db) db = as_param(std::move(g[2]), b);
@@ -76,7 +84,7 @@ struct CpuNormFunction : public torch::autograd::Function<CpuNormFunction> {
                   const c10::optional<at::Tensor>&, double, bool, bool, bool, bool,
                   const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&)>();
       std::tie(dx, dw, db) =
-          op.call(dy, x, begin, end, wo, bo, eps, rms, need_dx, need_dw, need_db, c10::nullopt, c10::nullopt);
+          op.call(dy, x, begin, end, wo, bo, eps, rms, need_dx, need_dw, need_db, c10::nullopt, so);
     }
     return {need_dx ? dx : at::Tensor(), need_dw ? dw : at::Tensor(), need_db ? db : at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -103,7 +111,7 @@ struct CpuNormFunction : public torch::autograd::Function<CpuNormFunction> {
   }
 };
 
-// True when a call that records autograd may take CpuNormFunction in place of the op: not traced by
+// True when a call that records autograd may take CppNormFunction in place of the op: not traced by
 // torch.jit and inside no functorch transform (the caller checks the tensors and dispatch modes).
 inline bool function_context_ok() {
   return !at::tracer::impl::is_dispatch_enabled() &&
@@ -111,27 +119,20 @@ inline bool function_context_ok() {
 }
 
 }  // namespace fastnorm
-#endif
 
 namespace {
 
 // The fast entry behind fastnorm.layer_norm / rms_norm: a plain call (exact tensors, no dispatch mode
 // or functorch wrapper, simple arguments) runs the kernels straight away, saving the microseconds of
-// Python checks that decide small shapes; in the CPU build one that records autograd (outside torch.jit
-// tracing and functorch transforms) runs them through CpuNormFunction, as ops/eager_autograd.py would.
+// Python checks that decide small shapes; one that records autograd (outside torch.jit
+// tracing and functorch transforms) runs them through CppNormFunction, as ops/eager_autograd.py would.
 // Anything else returns None and the caller takes the Python path, which owns every error message:
 // this function never raises for bad input, it only declines. *grad: whether the call records autograd.
 bool plain_tensor(PyObject* obj, bool grad_mode, const at::Tensor** out, bool* grad) {
   if (!THPVariable_CheckExact(obj)) return false;
   const at::Tensor& t = THPVariable_Unpack(obj);
   if (!t.defined() || t.layout() != at::kStrided || t.key_set().has_any(fastnorm::wrapper_keys())) return false;
-  if (grad_mode && t.requires_grad()) {
-#ifdef FASTNORM_CUDA
-    return false;  // the CUDA build leaves autograd to the Python path
-#else
-    *grad = true;
-#endif
-  }
+  if (grad_mode && t.requires_grad()) *grad = true;
   *out = &t;
   return true;
 }
@@ -216,12 +217,10 @@ py::object try_norm(py::handle x_obj, py::handle shape_obj, py::handle dim_obj, 
   } else {
     return py::none();
   }
-#ifndef FASTNORM_CUDA
   if (grad) {
     if (!fastnorm::function_context_ok()) return py::none();
-    return py::cast(fastnorm::CpuNormFunction::apply(*x, params[0], params[1], begin, end, eps, rms));
+    return py::cast(fastnorm::CppNormFunction::apply(*x, params[0], params[1], begin, end, eps, rms));
   }
-#endif
   return py::cast(norm_forward(*x, params[0], params[1], begin, end, eps, rms, 0, 0));
 }
 
@@ -261,14 +260,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return try_norm(x, shape, dim, w, py::none(), eps, true);
         },
         "fastnorm.rms_norm for a plain call, None when the call needs the full Python path");
-#ifndef FASTNORM_CUDA
   m.def("norm_forward_autograd",
         [](const at::Tensor& x, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
            int64_t begin_dim, int64_t end_dim, double eps, bool rms) {
-          return fastnorm::CpuNormFunction::apply(x, weight, bias, begin_dim, end_dim, eps, rms);
+          return fastnorm::CppNormFunction::apply(x, weight, bias, begin_dim, end_dim, eps, rms);
         },
-        "norm_forward recording CpuNormFunction (ops/eager_autograd.py's NormFunction in C++) for autograd",
+        "norm_forward recording CppNormFunction (ops/eager_autograd.py's NormFunction in C++) for autograd",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"),
         py::arg("eps"), py::arg("rms"));
-#endif
 }

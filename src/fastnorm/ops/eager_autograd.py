@@ -1,15 +1,16 @@
-"""Autograd of a plain eager CPU call without the custom op's dispatch.
+"""Autograd of a plain eager call without the custom op's dispatch.
 
 torch.ops.fastnorm.layer_norm / rms_norm record their backward through torch.library's Python
 autograd wrapper: the dispatcher calls into Python twice (the Autograd kernel, then the CPU kernel
 through redispatch) and fills the schema's defaults, about 70 us of a forward + backward on a 2-core
 CPU, where eager's F.layer_norm spends 30: more than the kernels of a small shape. A plain call (plain
-tensors, no compile, trace, dispatch mode or functorch transform, on the CPU) instead records the CPU
-extension's CpuNormFunction (kernels/module.cpp), a C++ torch::autograd::Function around the same
-kernels with the op's backward: the same bits, less host time. The extension's try_layer_norm /
+tensors, no compile, trace, dispatch mode or functorch transform, on the CPU or CUDA) instead records the
+extension's CppNormFunction (kernels/module.cpp), a C++ torch::autograd::Function around the same
+kernels with the op's backward: the same bits, less host time (on CUDA it saves the rows' statistics
+as the *_train ops do). The extension's try_layer_norm /
 try_rms_norm record it without any Python for the calls they take; the others come here after
 functional.py's checks. NormFunction below is the same autograd in Python: the statement of what the
-C++ one does, which the tests compare it against.
+C++ one does, which the tests compare it against (on the CPU, where neither saves statistics).
 """
 import torch
 
@@ -20,12 +21,13 @@ _is_compiling = torch.compiler.is_compiling
 _tracing = torch._C._get_tracing_state
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _Tensor = torch.Tensor
+_DEVICES = ("cpu", "cuda")  # those with an extension build
 
 
 def function_call_ok(x, *params) -> bool:
-    """True when a call that records autograd may take CpuNormFunction (norm_autograd) in place of the op.
+    """True when a call that records autograd may take CppNormFunction (norm_autograd) in place of the op.
     Not inside a functorch transform: a C++ autograd Function refuses them, the op takes them."""
-    if _is_compiling() or _tracing() or _dispatch_modes() or type(x) is not _Tensor or x.device.type != "cpu":
+    if _is_compiling() or _tracing() or _dispatch_modes() or type(x) is not _Tensor or x.device.type not in _DEVICES:
         return False
     if _is_wrapped(x) or _functorch_active():
         return False
@@ -33,14 +35,14 @@ def function_call_ok(x, *params) -> bool:
 
 
 def norm_autograd(x, weight, bias, begin, end, eps, rms):
-    """norm(x) [* weight + bias] over dims [begin, end), recording CpuNormFunction: for a call that
+    """norm(x) [* weight + bias] over dims [begin, end), recording CppNormFunction: for a call that
     function_call_ok accepts, after functional.py's checks (float eps, bool rms)."""
-    return extension.load("cpu").norm_forward_autograd(x, weight, bias, begin, end, eps, rms)
+    return extension.load(x.device.type).norm_forward_autograd(x, weight, bias, begin, end, eps, rms)
 
 
 class NormFunction(torch.autograd.Function):
     """y = norm(x) [* weight + bias] over dims [begin, end): saves x and the parameters, as the op does.
-    CpuNormFunction's reference in Python (the tests compare them bit for bit)."""
+    CppNormFunction's reference in Python (the tests compare them bit for bit)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, begin, end, eps, rms):
