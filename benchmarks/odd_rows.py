@@ -14,7 +14,7 @@ from fastnorm_dev.measure import copy_bandwidth, device_line, device_time, flush
 CASES = [((100000, 257), torch.float32, 0), ((100000, 257), torch.bfloat16, 0), ((65536, 1000), torch.float32, 1),
          ((200000, 129), torch.float16, 0), ((32768, 1023), torch.bfloat16, 1), ((100000, 256), torch.float32, 1),
          ((4096, 771), torch.float32, 0), ((1000000, 1), torch.bfloat16, 0), ((500000, 7), torch.float32, 0),
-         ((122227, 17), torch.float32, 1)]
+         ((122227, 17), torch.float32, 1), ((1000000, 3), torch.float16, 0), ((300000, 31), torch.bfloat16, 1)]
 
 
 def main():

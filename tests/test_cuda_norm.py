@@ -82,7 +82,8 @@ ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 40
               (4, 12288), (2, 65536), (3, 100003), (1, 262144), (33, 8192), (130, 2048),
               (150, 65536), (40, 262152), (140, 50001), (600, 24584),  # these four: cluster rows
               (300, 257), (1000, 3), (200, 1023), (2000, 513), (140, 33),  # scalar rows: the warp-row kernel
-              (5000, 1), (3001, 5), (999, 17), (700, 31)]  # many tiny rows: the row kernel
+              (5000, 1), (3001, 5), (999, 17), (700, 31),  # many tiny rows: the thread-row kernel (float64
+              (300001, 7), (200, 16), (200, 24)]  # 17-31: the row kernel); more rows than its grid covers
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -100,11 +101,12 @@ def test_last_dim(shape, dtype, rms):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n", [1, 32, 100, 256, 1000, 1024])
+@pytest.mark.parametrize("n", [1, 5, 17, 31, 32, 100, 256, 1000, 1024])
 @pytest.mark.parametrize("rms", [False, True])
 def test_misaligned_rows_of_any_length(n, dtype, rms):
     """Row starts off a 16-byte boundary (x a view one element into its storage, rows n + 3 apart): the
-    warp-row kernel for 32 <= n <= 1024, with many rows (past the few-rows kernel) and every parameter case."""
+    thread-row kernel below 32 elements, the warp-row kernel for 32 <= n <= 1024, with many rows (past the
+    few-rows kernel) and every parameter case."""
     base = make((400, n + 3), dtype, "randn", seed=n)
     x = base[:, 1:n + 1]
     for w, b in [params((n,), dtype, True, n), (None, None)]:

@@ -31,7 +31,8 @@ def run_sanitize(args):
 
     ext = extension.load("cuda")
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257)]:  # row kernel (vector, scalar), split, warp rows
+        # row kernel (vector, scalar), split, warp rows, thread rows (several blocks, a partial last block)
+        for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 7), (1000, 1)]:
             x = torch.randn(shape, device="cuda", dtype=dtype)
             w = torch.rand(shape[-1], device="cuda", dtype=dtype)
             fastnorm.layer_norm(x, shape[-1:], w, w)

@@ -7,7 +7,8 @@
 //                       4 MB+ rows, fewer than SMs, not resident          stream_* (streamed_kernels.cuh)
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
 //                       fewer rows than SMs, at most 1024 vectors         few_rows (few_rows_kernel.cuh)
-//                       scalar rows (odd n, misaligned) of <= 1024        warp_rows (warp_rows_kernel.cuh)
+//                       scalar rows (odd n, misaligned) of 32-1024        warp_rows (warp_rows_kernel.cuh)
+//                       scalar rows of 1-31                              thread_rows (same file, same family)
 //                       longer rows than a block caches, or few of them   split_slice / split_row_norm (split_kernels.cuh)
 //                       everything else (rows of up to 96 KB)             row_norm (row_kernel.cuh)
 //   with a residual     last-dim rows of up to 1024 x 16 elements         residual_row (residual_rows.cuh)
@@ -214,6 +215,7 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
 #endif
 #ifdef FASTNORM_WANT_WARP_ROWS
   if (warp_rows_take(p, VEC)) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_warp_rows<T, W>(p, stream);
+  if (thread_rows_take(p, VEC)) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_thread_rows<T, W>(p, stream);
 #endif
 #if defined(FASTNORM_WANT_ROW) || defined(FASTNORM_WANT_SPLIT) || defined(FASTNORM_WANT_SPLIT_UNCACHED)
   const RowPlan plan = plan_rows<T, W, VEC>(p);

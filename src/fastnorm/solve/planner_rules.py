@@ -22,7 +22,8 @@ SPLIT_ROWS = 32                # planner.cuh kSplitRows
 CLUSTER_SLICE_BYTES = 64 << 10  # cluster_kernel.cuh kClusterSliceBytes
 MAX_CLUSTER = 8                # cluster_kernel.cuh kMaxCluster
 FEW_ROWS_THREADS = 1024        # few_rows_kernel.cuh kFewRowsThreads
-WARP_ROWS_MIN, WARP_ROWS_MAX = 32, 1024  # warp_rows_kernel.cuh warp_rows_take
+WARP_ROWS_MAX = 1024  # warp_rows_kernel.cuh warp_rows_take (32-1024) and thread_rows_take (1-31): one family
+THREAD_ROWS_MAX_F64 = 16  # warp_rows_kernel.cuh kThreadRowMaxN: float64 rows of 17-31 take the row kernel
 MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
 
 
@@ -146,7 +147,8 @@ def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDev
         return "cluster"
     if call.outer < dev.sms and call.n // vec <= FEW_ROWS_THREADS and threads <= 0:
         return "few_rows"
-    if vec == 1 and WARP_ROWS_MIN <= call.n <= WARP_ROWS_MAX and threads <= 0 and blocks_per_row <= 0:
+    f64_gap = elem_size(call.dtype) == 8 and THREAD_ROWS_MAX_F64 < call.n < 32
+    if vec == 1 and call.n <= WARP_ROWS_MAX and not f64_gap and threads <= 0 and blocks_per_row <= 0:
         return "warp_rows"
     g = wanted_blocks_per_row(call, dev, blocks_per_row)
     if g > 1 and dev.coop:
