@@ -33,6 +33,14 @@ CONFIGS = {
 }
 
 
+def median_stages(stage_s: list) -> dict:
+    """Median seconds of each stage over the candidates' judges (CandidateResult.stage_s): where a
+    candidate's time goes (the 16 copies on the H100 took ~28 s each, builds ahead or not)."""
+    names = [name for stages in stage_s if stages for name in stages]
+    order = list(dict.fromkeys(names))
+    return {name: round(statistics.median(s[name] for s in stage_s if s and name in s), 3) for name in order}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("reference")
@@ -65,8 +73,10 @@ def main(argv=None) -> int:
                       "verdicts": [r.verdict for r in report.results],
                       "cand_ms": [r.cand_ms for r in report.results], "gpus": [r.gpu for r in report.results],
                       "ref_ms": {where: b.ref_timing["median_ms"] for where, b in report.baselines.items()},
-                      "device_name": report.baseline.device_name}
+                      "device_name": report.baseline.device_name,
+                      "stage_s_median": median_stages([r.stage_s for r in report.results])}
         print(f"{name}: {wall:.1f} s, verdicts {sorted(set(runs[name]['verdicts']))}", flush=True)
+        print(f"  a candidate's judge, median seconds by stage: {runs[name]['stage_s_median']}", flush=True)
     first = runs[configs[0]]
     summary = {}
     for name, run in runs.items():

@@ -125,6 +125,20 @@ def test_honest_candidate_is_ok_and_timed(runtime_run):
     assert r["achieved_gbps"] > 0 and r["pct_of_copy_bw"] > 0
 
 
+def test_where_a_candidates_time_goes(runtime_run):
+    """stage_s: seconds in each stage its judge announced, from the process start ("spawn") to its exit, in
+    order; they add up to the judge's wall time. A candidate that killed its judge still has the stages it
+    reached."""
+    r = runtime_run[2]["good_layer_norm"]
+    stages = r["stage_s"]
+    assert list(stages)[0] == "spawn" and list(stages)[-1] == "post-timing check"
+    assert {"import candidate", "trial 0: candidate forward", "timing"} <= set(stages)
+    assert all(v >= 0 for v in stages.values())
+    assert sum(stages.values()) == pytest.approx(r["wall_s"], abs=0.05 + 0.001 * len(stages))
+    died = runtime_run[2]["segfault"]["stage_s"]
+    assert died and "spawn" in died and "timing" not in died
+
+
 def test_wrong_output_names_worst_element(runtime_run):
     r = runtime_run[2]["wrong_output"]
     assert r["verdict"] == "wrong_output"

@@ -33,6 +33,7 @@ class ChildOutcome:
     log_tail: str            # the end of its stdout + stderr
     wall_s: float
     cancelled: bool = False  # stopped from outside (Ctrl-C): no verdict
+    stage_s: dict | None = None  # seconds from each announced stage to the next ("spawn": until the first)
 
 
 def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None = None,
@@ -41,7 +42,8 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
     soon as `stop` is set. env: variables to set for it (CUDA_VISIBLE_DEVICES pins it to one GPU).
     extensions_dir: the TORCH_EXTENSIONS_DIR to build in instead of one of the worker's own."""
     workdir.mkdir(parents=True, exist_ok=True)
-    paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log"}
+    paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log",
+             "stage_times_path": workdir / "stage_times.txt"}
     for path in paths.values():
         path.unlink(missing_ok=True)
     result_r, result_w = os.pipe()
@@ -88,7 +90,7 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
     return ChildOutcome(result=result if isinstance(result, dict) else None,
                         returncode=None if timed_out else returncode, timed_out=timed_out,
                         stage=last_line(paths["progress_path"]), log_tail=file_tail(paths["log_path"]), wall_s=wall,
-                        cancelled=cancelled)
+                        cancelled=cancelled, stage_s=stage_seconds(paths["stage_times_path"], t0, t0 + wall))
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float, stop: threading.Event | None) -> bool:
@@ -135,6 +137,26 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def stage_seconds(path: Path, start: float, end: float) -> dict | None:
+    """Seconds spent in each stage a worker announced (loading.Progress's times file), in order: "spawn"
+    from `start` to the first announcement (the process start and its imports), then each stage until
+    the next one, the last until `end` (the worker's exit). A stage announced twice adds up. None when
+    the file is missing or unreadable."""
+    try:
+        marks = []
+        for line in path.read_text(errors="replace").splitlines():
+            stamp, _, stage = line.partition("\t")
+            marks.append((float(stamp), stage))
+    except (OSError, ValueError):
+        return None
+    if not marks:
+        return None
+    seconds = {"spawn": round(max(0.0, marks[0][0] - start), 3)}
+    for (t, stage), (t_next, _) in zip(marks, marks[1:] + [(end, "")]):
+        seconds[stage] = round(seconds.get(stage, 0.0) + max(0.0, t_next - t), 3)
+    return seconds
 
 
 def last_line(path: Path) -> str:

@@ -37,10 +37,10 @@ def result_from(candidate: str, outcome: ChildOutcome, timeout: float, baseline:
     if r is None:
         verdict = "timeout" if outcome.timed_out else "runtime_error"
         return CandidateResult(candidate, verdict, death_message(outcome, timeout, candidate), stage=outcome.stage,
-                               wall_s=outcome.wall_s)
+                               wall_s=outcome.wall_s, stage_s=outcome.stage_s)
     result = CandidateResult(candidate, r.get("verdict", "runtime_error"), r.get("message", ""),
                              max_abs_err=r.get("max_abs_err"), max_rel_err=r.get("max_rel_err"),
-                             stage=r.get("stage", outcome.stage), wall_s=outcome.wall_s)
+                             stage=r.get("stage", outcome.stage), wall_s=outcome.wall_s, stage_s=outcome.stage_s)
     timing = r.get("timing")
     if baseline is None or not timing:
         return result

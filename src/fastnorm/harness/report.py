@@ -58,6 +58,7 @@ class CandidateResult:
     wall_s: float = 0.0
     gpu: str | None = None                       # the GPU it ran on (its CUDA_VISIBLE_DEVICES id); None on CPU
     worker: str | None = None                    # which worker: "slot N" on this host, the node's address on Ray
+    stage_s: dict | None = None                  # seconds in each stage of its worker (isolation.stage_seconds)
 
     @classmethod
     def from_dict(cls, d: dict) -> "CandidateResult":
