@@ -142,15 +142,21 @@ def _kill_group(pgid: int) -> None:
 def stage_seconds(path: Path, start: float, end: float) -> dict | None:
     """Seconds spent in each stage a worker announced (loading.Progress's times file), in order: "spawn"
     from `start` to the first announcement (the process start and its imports), then each stage until
-    the next one, the last until `end` (the worker's exit). A stage announced twice adds up. None when
-    the file is missing or unreadable."""
+    the next one, the last until `end` (the worker's exit). A stage announced twice adds up; a line torn by
+    the worker's death is skipped. None when the file is missing or names no stage."""
     try:
-        marks = []
-        for line in path.read_text(errors="replace").splitlines():
-            stamp, _, stage = line.partition("\t")
-            marks.append((float(stamp), stage))
-    except (OSError, ValueError):
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
         return None
+    marks = []
+    for line in lines:
+        stamp, _, stage = line.partition("\t")
+        if not stage:
+            continue  # torn
+        try:
+            marks.append((float(stamp), stage))
+        except ValueError:
+            continue
     if not marks:
         return None
     seconds = {"spawn": round(max(0.0, marks[0][0] - start), 3)}
