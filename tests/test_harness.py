@@ -21,7 +21,7 @@ from fastnorm.harness.report import summarize
 from fastnorm.harness.tamper import ModuleSnapshot
 from fastnorm.harness.timing import TimingStats, TrialHooks, copy_bandwidth, time_callable
 from fastnorm.harness.timing_verdict import judge_timing
-from fastnorm.harness.isolation import stage_seconds
+from fastnorm.harness.isolation import last_stage, stage_seconds
 
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
 SMALL = CANDIDATES / "ref_layer_norm_small.py"
@@ -140,10 +140,10 @@ def test_where_a_candidates_time_goes(runtime_run):
     assert died and "spawn" in died and "timing" not in died
 
 
-def test_stage_seconds_from_the_times_file(tmp_path):
+def test_stages_from_the_progress_file(tmp_path):
     """Each stage until the next, the last until the end, a repeated stage added up, "spawn" before the first;
     a line torn by a dying worker is skipped; no file, or no stage in it: None."""
-    times = tmp_path / "stage_times.txt"
+    times = tmp_path / "progress.txt"
     times.write_text("10.5\timport\n11.0\ttrial\n12.0\ttiming\n12.5\ttrial\n")
     assert stage_seconds(times, 10.0, 14.0) == {"spawn": 0.5, "import": 0.5, "trial": 2.5, "timing": 0.5}
     times.write_text("10.5\timport\n11.")
@@ -151,6 +151,9 @@ def test_stage_seconds_from_the_times_file(tmp_path):
     times.write_text("")
     assert stage_seconds(times, 10.0, 14.0) is None
     assert stage_seconds(tmp_path / "missing.txt", 0.0, 1.0) is None
+    assert last_stage(times) == "start" and last_stage(tmp_path / "missing.txt") == "start"
+    times.write_text("10.5\timport\n11.0\ttrial 0: checks\n11.")
+    assert last_stage(times) == "trial 0: checks"
 
 
 def test_wrong_output_names_worst_element(runtime_run):

@@ -42,8 +42,7 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
     soon as `stop` is set. env: variables to set for it (CUDA_VISIBLE_DEVICES pins it to one GPU).
     extensions_dir: the TORCH_EXTENSIONS_DIR to build in instead of one of the worker's own."""
     workdir.mkdir(parents=True, exist_ok=True)
-    paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log",
-             "stage_times_path": workdir / "stage_times.txt"}
+    paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log"}
     for path in paths.values():
         path.unlink(missing_ok=True)
     result_r, result_w = os.pipe()
@@ -89,8 +88,8 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
             pass
     return ChildOutcome(result=result if isinstance(result, dict) else None,
                         returncode=None if timed_out else returncode, timed_out=timed_out,
-                        stage=last_line(paths["progress_path"]), log_tail=file_tail(paths["log_path"]), wall_s=wall,
-                        cancelled=cancelled, stage_s=stage_seconds(paths["stage_times_path"], t0, t0 + wall))
+                        stage=last_stage(paths["progress_path"]), log_tail=file_tail(paths["log_path"]), wall_s=wall,
+                        cancelled=cancelled, stage_s=stage_seconds(paths["progress_path"], t0, t0 + wall))
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float, stop: threading.Event | None) -> bool:
@@ -139,15 +138,13 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def stage_seconds(path: Path, start: float, end: float) -> dict | None:
-    """Seconds spent in each stage a worker announced (loading.Progress's times file), in order: "spawn"
-    from `start` to the first announcement (the process start and its imports), then each stage until
-    the next one, the last until `end` (the worker's exit). A stage announced twice adds up; a line torn by
-    the worker's death is skipped. None when the file is missing or names no stage."""
+def _stage_marks(path: Path) -> list:
+    """(time, stage) of each line of a worker's progress file (loading.Progress); a line torn by the worker's
+    death is skipped."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
-        return None
+        return []
     marks = []
     for line in lines:
         stamp, _, stage = line.partition("\t")
@@ -157,6 +154,15 @@ def stage_seconds(path: Path, start: float, end: float) -> dict | None:
             marks.append((float(stamp), stage))
         except ValueError:
             continue
+    return marks
+
+
+def stage_seconds(path: Path, start: float, end: float) -> dict | None:
+    """Seconds spent in each stage a worker announced in its progress file, in order: "spawn" from `start`
+    to the first announcement (the process start and its imports), then each stage until the next one,
+    the last until `end` (the worker's exit). A stage announced twice adds up. None when the file is
+    missing or names no stage."""
+    marks = _stage_marks(path)
     if not marks:
         return None
     seconds = {"spawn": round(max(0.0, marks[0][0] - start), 3)}
@@ -165,13 +171,10 @@ def stage_seconds(path: Path, start: float, end: float) -> dict | None:
     return seconds
 
 
-def last_line(path: Path) -> str:
-    """The stage a worker announced last (see loading.Progress)."""
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "start"
-    return lines[-1] if lines else "start"
+def last_stage(path: Path) -> str:
+    """The stage a worker announced last in its progress file, "start" before any."""
+    marks = _stage_marks(path)
+    return marks[-1][1] if marks else "start"
 
 
 def file_tail(path: Path, nbytes: int = 16384) -> str:

@@ -27,7 +27,7 @@ import torch
 
 from fastnorm.harness import checks
 from fastnorm.harness.channel import Channel, ProtocolError, decode_value, dtype_name, encode_value, tensor_leaves
-from fastnorm.harness.isolation import file_tail, last_line
+from fastnorm.harness.isolation import file_tail, last_stage
 from fastnorm.harness.loading import (REFERENCE_MODULE, Progress, build_model, load_module, make_inputs,
                                       resolve_device, seed_everything, to_device)
 from fastnorm.harness.messages import Verdict, process_death
@@ -210,7 +210,7 @@ class CandidateLink:
             self.proc.kill()
             returncode = self.proc.wait()
         return Verdict("runtime_error", process_death(returncode, file_tail(Path(self.cfg["log_path"])),
-                                                      self.cfg["candidate"], last_line(Path(self.cfg["progress_path"])),
+                                                      self.cfg["candidate"], last_stage(Path(self.cfg["progress_path"])),
                                                       "the candidate's process"))
 
     def close(self) -> None:

@@ -19,20 +19,17 @@ CANDIDATE_MODULE = "_fastnorm_eval_candidate"
 
 
 class Progress:
-    """Announces the stage a worker is at in a file, so that the parent still knows where when it dies; with
-    `times_path`, also when each stage began (time.monotonic(), one clock for every process of the host), from
-    which the parent reports where an evaluation's time went (CandidateResult.stage_s)."""
+    """Announces the stage a worker is at in a file, a line "<time.monotonic()>\t<stage>" each, so that the
+    parent still knows where when it dies (isolation.last_stage) and where an evaluation's time went
+    (isolation.stage_seconds; time.monotonic() is one clock for every process of the host)."""
 
-    def __init__(self, path: str, times_path: str | None = None):
-        self.path, self.times_path, self.stage = path, times_path, "start"
+    def __init__(self, path: str):
+        self.path, self.stage = path, "start"
 
     def __call__(self, stage: str) -> None:
         self.stage = stage
         with open(self.path, "a") as f:
-            f.write(stage + "\n")
-        if self.times_path:
-            with open(self.times_path, "a") as f:
-                f.write(f"{time.monotonic():.6f}\t{stage}\n")
+            f.write(f"{time.monotonic():.6f}\t{stage}\n")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ MODES = {"import": run_import, "baseline": run_baseline, "candidate": run_judge}
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         cfg = json.load(f)
-    progress = Progress(cfg["progress_path"], cfg.get("stage_times_path"))
+    progress = Progress(cfg["progress_path"])
     try:
         result = MODES[cfg["mode"]](cfg, progress)
     except Verdict as v:
