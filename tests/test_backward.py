@@ -351,10 +351,11 @@ def _op_grads(x, dy, w, b, rms, train):
     return x.grad, w.grad, b.grad if b is not None else None
 
 
-# Rows the forward's row kernel takes (at least as many as SMs, aligned, <= 64 KB), so their statistics
-# are saved: small rows several a block, one row a block (5120 bf16: 640 threads), split over a cluster
-# in the backward (14336 bf16, 16384 fp32: 64 KB).
-SAVED_SHAPES = [(300, 1024), (700, 40), (2000, 8), (256, 5120), (200, 14336), (150, 16384), (133, 4096)]
+# Rows whose statistics the forward saves (at least as many as SMs, <= 64 KB): small rows several a
+# block, one row a block (5120 bf16: 640 threads), split over a cluster in the backward (14336 bf16,
+# 16384 fp32: 64 KB), odd widths (a warp a row: 257) and tiny ones (a thread a row: 7, 1).
+SAVED_SHAPES = [(300, 1024), (700, 40), (2000, 8), (256, 5120), (200, 14336), (150, 16384), (133, 4096),
+                (300, 257), (2000, 7), (1000, 1)]
 
 
 @pytest.mark.cuda
@@ -395,24 +396,40 @@ def test_saved_statistics(shape, dtype, rms, offset):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("case", ["few_rows", "odd_width", "misaligned", "cluster", "channel"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("forward_view", [False, True], ids=["aligned_fwd", "view_fwd"])
+def test_saved_statistics_do_not_depend_on_alignment(dtype, rms, forward_view):
+    """The backward decides whether stats holds the forward's maps by asking the forward's rule again,
+    with its own tensors. A backward whose x sits at another address (a view one element in against a
+    fresh copy, as a compiled graph might hand it) must get the same answer, or it would read unwritten
+    statistics (or ignore written ones)."""
+    torch.manual_seed(0)
+    base = torch.randn(300, 1025, device="cuda", dtype=torch.float64).to(dtype)
+    view, fresh = base[:, 1:], base[:, 1:].contiguous()  # rows of 1024 one element in, and aligned
+    fwd_x, bwd_x = (view, fresh) if forward_view else (fresh, view)
+    dy = torch.randn(300, 1024, device="cuda", dtype=dtype)
+    w = (1 + 0.5 * torch.randn(1024, device="cuda", dtype=torch.float64)).to(dtype)
+    b = None if rms else (0.5 * torch.randn(1024, device="cuda", dtype=torch.float64)).to(dtype)
+    ops = torch.ops.fastnorm
+    stats = (ops.rms_norm_train(fwd_x, 1, 2, w, 1e-5) if rms else ops.layer_norm_train(fwd_x, 1, 2, w, b, 1e-5))[1]
+    got = ops.norm_backward(dy, bwd_x, 1, 2, w, b, 1e-5, rms, True, True, not rms, None, stats)
+    ref = reference_grads(fresh, dy, 1, 2, w, b, 1e-5, rms)
+    assert_close("dx", got[0], ref[0], dtype, dx_term_scale(fresh, dy, 1, 2, w, 1e-5, rms))
+    assert_close("dweight", got[1], ref[1], dtype)
+    if b is not None:
+        assert_close("dbias", got[2], ref[2], dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("case", ["few_rows", "cluster", "channel"])
 def test_statistics_not_saved_are_recomputed(case):
-    """Calls whose forward kernel saves no statistics (few rows, scalar rows, long rows, a channel axis)
-    still train through the *_train ops: their stats tensor is left unwritten and the backward
-    recomputes. fastnorm.layer_norm takes those ops for every CUDA call that records autograd."""
-    shapes = {"few_rows": ((64, 1024), 1, 2), "odd_width": ((300, 257), 1, 2), "misaligned": ((300, 1025), 1, 2),
-              "cluster": ((140, 65536), 1, 2), "channel": ((4, 32, 8, 8), 1, 2)}
+    """Calls whose forward kernel saves no statistics (few rows, long rows, a channel axis) still train
+    through the *_train ops: their stats tensor is left unwritten and the backward recomputes.
+    fastnorm.layer_norm takes those ops for every CUDA call that records autograd."""
+    shapes = {"few_rows": ((64, 1024), 1, 2), "cluster": ((140, 65536), 1, 2), "channel": ((4, 32, 8, 8), 1, 2)}
     shape, begin, end = shapes[case]
-    if case == "misaligned":  # rows of 1024 starting one element in
-        torch.manual_seed(0)
-        base = torch.randn(shape, device="cuda")
-        x = base[:, 1:]
-        w = torch.randn(1024, device="cuda")
-        dy = torch.randn(300, 1024, device="cuda")
-        got = fastnorm_grads(x, dy, 1, 2, w, None, 1e-5, False)
-        ref = reference_grads(x, dy, 1, 2, w, None, 1e-5, False)
-        assert_close("dx", got[0], ref[0], torch.float32, dx_term_scale(x, dy, 1, 2, w, 1e-5, False))
-        return
     for rms in (False, True):
         run_case("cuda", shape, begin, end, torch.float32, affine=True, rms=rms)
 

@@ -133,6 +133,31 @@ def test_worker_builds_in_its_own_extensions_dir_unless_given_one(tmp_path):
         assert out.read_text() == str(expected) and expected.is_dir()
 
 
+def test_judges_share_one_folder_for_fastnorms_own_build(tmp_path, monkeypatch):
+    """A package-backed candidate (solutions/*.py) builds fastnorm's kernels where every judge finds them:
+    the evaluator's FASTNORM_EXTENSIONS_DIR or TORCH_EXTENSIONS_DIR, else fastnorm's cache folder; never
+    the candidate's own folder, which each judge gets fresh (the build took 25 s a candidate on the H100)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nopen(os.environ['PROBE_OUT'], 'w').write(os.environ['FASTNORM_EXTENSIONS_DIR'])\n"
+                     "class ModelNew:\n    pass\n")
+    out = tmp_path / "seen.txt"
+    config = {"mode": "import", "candidate": str(probe), "class_name": "ModelNew"}
+    monkeypatch.delenv("FASTNORM_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cases = ((None, None, tmp_path / "cache" / "fastnorm" / "extensions"),
+             (str(tmp_path / "torch_ext"), None, tmp_path / "torch_ext"),
+             (str(tmp_path / "torch_ext"), str(tmp_path / "fn_ext"), tmp_path / "fn_ext"))
+    for torch_dir, fastnorm_dir, expected in cases:
+        for var, value in (("TORCH_EXTENSIONS_DIR", torch_dir), ("FASTNORM_EXTENSIONS_DIR", fastnorm_dir)):
+            if value is None:
+                monkeypatch.delenv(var, raising=False)
+            else:
+                monkeypatch.setenv(var, value)
+        outcome = run_worker(config, tmp_path / "w", 120, env={"PROBE_OUT": str(out)})
+        assert outcome.result["verdict"] == "ok", outcome.log_tail
+        assert out.read_text() == str(expected)
+
+
 def test_interrupt_leaves_valid_jsonl_and_nothing_running_then_resume_finishes(tmp_path):
     """SIGINT while a candidate hangs: exit 130, whole JSON lines, no process left. --resume then runs only
     the candidates without a line and keeps the earlier lines as they were."""

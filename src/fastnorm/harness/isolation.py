@@ -36,6 +36,21 @@ class ChildOutcome:
     stage_s: dict | None = None  # seconds from each announced stage to the next ("spawn": until the first)
 
 
+FASTNORM_BUILDS_ENV = "FASTNORM_EXTENSIONS_DIR"  # read by fastnorm/ops/extension.py
+
+
+def fastnorm_builds_dir(env: dict) -> Path:
+    """Where a judge's processes keep fastnorm's own build (a package-backed candidate's kernels): one folder
+    for every judge, not the candidate's, so that only the first judge compiles them (25 s a candidate on
+    the H100). This process's FASTNORM_EXTENSIONS_DIR or TORCH_EXTENSIONS_DIR, else a fastnorm cache folder.
+    Safe to share: a build's name hashes its sources, flags and torch version."""
+    for var in (FASTNORM_BUILDS_ENV, "TORCH_EXTENSIONS_DIR"):
+        if env.get(var):
+            return Path(env[var])
+    cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "fastnorm" / "extensions"
+
+
 def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None = None,
                stop: threading.Event | None = None, extensions_dir: str | None = None) -> ChildOutcome:
     """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s or as
@@ -58,6 +73,7 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
     # candidates' names (fastnorm solve: a hash of the sources) may name a shared one, whose builds it made.
     ext_dir = Path(extensions_dir) if extensions_dir else workdir / "torch_extensions"
     ext_dir.mkdir(parents=True, exist_ok=True)
+    env[FASTNORM_BUILDS_ENV] = str(fastnorm_builds_dir(env))
     env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
 
     t0 = time.monotonic()

@@ -420,8 +420,8 @@ static inline const void* row_backward_kernel_for(int k, bool split) {
   return k == 1 ? row_backward_kernel_ptr<T, W, VEC, 1, false, kSaved>() : nullptr;
 }
 
-// Saved statistics are read by the vector kernels only (the forward saves them for aligned rows; a
-// misaligned dy alone, which the scalar kernels take, recomputes them).
+// Saved statistics are read by the vector kernels only: the scalar ones (odd or misaligned rows)
+// recompute them, which costs them no extra read (they are not compiled twice for so rare a case).
 // FASTNORM_ROW_BWD_SAVED=0 (read at each call, for A/B runs) recomputes them anyway.
 static inline bool row_backward_reads_saved() {
   const char* env = std::getenv("FASTNORM_ROW_BWD_SAVED");

@@ -203,8 +203,9 @@ at::Tensor norm_forward(const at::Tensor& x, const c10::optional<at::Tensor>& we
 
 // The forward of a call that records autograd: (y, stats). stats is (outer, 3) for last-dim CUDA calls
 // (its shape follows the call's shape and device only, as the op's fake function says) and holds each
-// row's affine map where the row kernel takes the call (fastnorm_cuda_saves_stats); else it is
-// unwritten, and norm_backward, asking the same question of the same tensors, recomputes them. (0,)
+// row's affine map where the forward saves them (fastnorm_cuda_saves_stats); else it is unwritten, and
+// norm_backward, asking the same question, recomputes them. The answer depends on shape and device
+// only, so a backward whose x sits at another address than the forward's gets the same one. (0,)
 // elsewhere.
 std::vector<at::Tensor> norm_forward_train(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                                            const c10::optional<at::Tensor>& bias, int64_t begin_dim, int64_t end_dim,

@@ -173,16 +173,16 @@ static inline RowPlan plan_rows(const NormParams& p) {
 }
 
 // Training: the calls whose forward saves each row's affine map for the backward (NormParams::stats):
-// those the cached row kernel takes for sure. Aligned rows of at most 64 KB (no warp rows, cluster,
-// resident or streamed kernel), at least as many as SMs (no few-rows kernel), no tuning override
-// (the row kernel, one block a row or fewer). The binding asks before the forward, and again before
-// the backward, with the same tensors: the answer only depends on the call's shape, alignment and
-// device.
+// those that the row, warp-row or thread-row kernel takes for sure, aligned or not. Rows of at most
+// 64 KB (no cluster, resident or streamed kernel), at least as many as SMs (no few-rows kernel), no
+// tuning override. The binding asks before the forward, and again before the backward, whose tensors
+// may sit at other addresses (a view, a copy under torch.compile): so the answer depends on the
+// call's shape and device only, never on alignment.
 constexpr int64_t kSavedStatsRowBytes = 64 << 10;
 
 static inline bool row_stats_saved(const NormParams& p) {
 #ifdef FASTNORM_WANT_ROW
-  return p.inner == 1 && p.residual == nullptr && p.threads <= 0 && p.blocks_per_row <= 0 && row_vec(p) > 1 &&
+  return p.inner == 1 && p.residual == nullptr && p.threads <= 0 && p.blocks_per_row <= 0 &&
          p.n * elem_size(p.dtype) <= kSavedStatsRowBytes && p.outer >= device_info().sms;
 #else
   return false;
@@ -214,8 +214,8 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
   }
 #endif
 #ifdef FASTNORM_WANT_WARP_ROWS
-  if (warp_rows_take(p, VEC)) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_warp_rows<T, W>(p, stream);
-  if (thread_rows_take(p, VEC)) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_thread_rows<T, W>(p, stream);
+  if (warp_rows_take(p, VEC)) return launch_warp_rows<T, W>(p, stream);
+  if (thread_rows_take(p, VEC)) return launch_thread_rows<T, W>(p, stream);
 #endif
 #if defined(FASTNORM_WANT_ROW) || defined(FASTNORM_WANT_SPLIT) || defined(FASTNORM_WANT_SPLIT_UNCACHED)
   const RowPlan plan = plan_rows<T, W, VEC>(p);

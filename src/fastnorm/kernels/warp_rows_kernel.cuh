@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(kWarpRowThreads) warp_rows_kernel(RowArgs<T, W
       }
       st = affine_of(shift, mean_rel, warp_sum(q) * inv_n, a.eps, false);
     }
+    if (a.stats && lane == 0) save_affine(a.stats, row, st);
     T* yr = a.y + row * int64_t(n);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -121,6 +122,7 @@ __global__ void __launch_bounds__(kThreadRowThreads) thread_rows_kernel(RowArgs<
         }
         st = affine_of(v[0], mean_rel, q * inv_n, a.eps, false);
       }
+      if (a.stats) save_affine(a.stats, row, st);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (k < n) {
@@ -157,7 +159,7 @@ static inline const void* thread_rows_kernel_of(int64_t n) {
 template <typename T, typename W>
 static inline const char* launch_thread_rows(const NormParams& p, cudaStream_t stream) {
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 1, p.rms};
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 1, p.rms, p.stats};
   const int64_t blocks = (p.outer + kThreadRowThreads - 1) / kThreadRowThreads;
   const int64_t cap = int64_t(device_info().sms) * 64;  // a few waves of resident blocks, then grid-stride
   const void* kernel = thread_rows_kernel_of<T, W, 1>(p.n);
@@ -190,7 +192,7 @@ static inline const void* warp_rows_kernel_of(int64_t n) {
 template <typename T, typename W>
 static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t stream) {
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 32, p.rms};
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 32, p.rms, p.stats};
   const int warps_per_block = kWarpRowThreads / 32;
   const int64_t blocks = (p.outer + warps_per_block - 1) / warps_per_block;
   const int64_t cap = int64_t(device_info().sms) * 32;  // a few waves of resident blocks, then grid-stride

@@ -25,10 +25,24 @@ def _flags(device_type: str):
     return cflags, cuda_flags, ldflags
 
 
+# Where fastnorm keeps its own builds, before TORCH_EXTENSIONS_DIR: `fastnorm eval` points every judge's
+# TORCH_EXTENSIONS_DIR at the candidate's own folder (candidates' load_inline names may clash) and this at
+# one folder for all judges (harness/isolation.py fastnorm_builds_dir), so that a package-backed candidate
+# loads fastnorm's build instead of compiling it again. A build's name hashes its sources: never stale.
+BUILD_DIR_ENV = "FASTNORM_EXTENSIONS_DIR"
+
+
+def _env_root() -> Path | None:
+    for var in (BUILD_DIR_ENV, "TORCH_EXTENSIONS_DIR"):
+        if os.environ.get(var):
+            return Path(os.environ[var])
+    return None
+
+
 def _build_root() -> Path:
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root:
-        return Path(root)
+    root = _env_root()
+    if root is not None:
+        return root
     from torch.utils.cpp_extension import _get_build_directory
 
     return Path(_get_build_directory("fastnorm", verbose=False)).parent
@@ -38,9 +52,9 @@ def _guessed_build_root() -> Path | None:
     """The root _build_root() gives, computed as cpp_extension does (torch 2.3-2.13) without importing it:
     that import pulls in setuptools, 0.15 s of a process's first call. A wrong guess (another torch's
     layout) only sends the call down the slow path, which asks cpp_extension."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root:
-        return Path(root)
+    root = _env_root()
+    if root is not None:
+        return root
     try:
         from torch import _appdirs
     except ImportError:
