@@ -394,6 +394,32 @@ def test_saved_statistics(shape, dtype, rms, offset):
             assert_close("dbias", got[2], ref[2], dtype)
 
 
+# 2-byte rows without dbias take kernels of 16 elements a thread (kBias in backward_rows.cuh): several rows a
+# block, one row a block of 896 threads (14336), a cluster of two blocks (30000), and a row too short
+# for a thread's two vectors (40: 5 vectors).
+BIAS_FREE_SHAPES = [(300, 1024), (700, 40), (200, 14336), (70, 30000), (150, 4096)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("shape", BIAS_FREE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln_no_bias", "rms"])
+@pytest.mark.parametrize("saved", ["1", "0"], ids=["saved", "recomputed"])
+def test_rows_without_dbias(shape, dtype, rms, saved, monkeypatch):
+    """Gradients of 2-byte rows whose call asks no dbias (RMSNorm, LayerNorm without bias) against float64,
+    with the forward's saved statistics and without (FASTNORM_ROW_BWD_SAVED=0)."""
+    monkeypatch.setenv("FASTNORM_ROW_BWD_SAVED", saved)
+    torch.manual_seed(0)
+    x = torch.randn(shape, device="cuda", dtype=torch.float64).to(dtype)
+    dy = torch.randn(shape, device="cuda", dtype=dtype)
+    w = (1 + 0.5 * torch.randn(shape[1], device="cuda", dtype=torch.float64)).to(dtype)
+    got = fastnorm_grads(x, dy, 1, 2, w, None, 1e-5, rms)
+    ref = reference_grads(x, dy, 1, 2, w, None, 1e-5, rms)
+    assert_close("dx", got[0], ref[0], dtype, dx_term_scale(x, dy, 1, 2, w, 1e-5, rms))
+    assert_close("dweight", got[1], ref[1], dtype)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

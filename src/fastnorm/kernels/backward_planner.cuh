@@ -3,8 +3,9 @@
 //   layout      call                                                   kernels (file)
 //   inner > 1   a column tile of all n channels in a block's registers     channel_backward_tile (backward_channel.cuh)
 //               more channels                                          channel_backward_coeffs / _apply (same file)
-//   inner == 1  rows a block holds (<= 1024 threads x 8 elements, x     row_backward (backward_rows.cuh)
-//               and dy of its rows in <= 200 KB of shared memory), or a
+//   inner == 1  rows a block holds (<= 1024 threads x 8 elements (16:  row_backward (backward_rows.cuh)
+//               2-byte rows without dbias), x and dy of its rows in <=
+//               200 KB of shared memory), or a
 //               cluster of up to 8 blocks (Hopper)
 //               longer rows                                            long_backward_* (backward_long_rows.cuh)
 // then, for dweight / dbias, reduce_partials (backward_common.cuh) over the partials the kernels wrote.

@@ -1,6 +1,7 @@
 // The fused backward of last-dim rows: x and dy read once, dx written once, dweight / dbias summed in
 // registers across the rows a block handles (a persistent grid), then one partial per block. A block
-// holds rows of up to 1024 threads x 8 elements (4 in fp64); rows up to twice that are split over a
+// holds rows of up to 1024 threads x 8 elements (4 in fp64; 16 in 2-byte rows without dbias, whose
+// registers hold dweight sums only: kBias); rows up to twice that are split over a
 // thread-block cluster of two blocks (Hopper; FASTNORM_ROW_BWD_SPLIT forces up to 8), which exchange
 // their row sums through distributed shared memory: one read of x and dy instead of the long-row
 // path's two (H100 backward, fp32 4096x16384: 483 -> 402 us LayerNorm, 478 -> 359 RMSNorm).
@@ -34,8 +35,10 @@ namespace fastnorm {
 
 constexpr int kBackwardRowThreads = 1024;    // threads a row, at most
 // Elements a thread owns, at most: 8 (4 in float64), whose dweight / dbias sums fit 64 registers
-// (16 spilled).
-template <typename T> constexpr int kBackwardThreadElems = sizeof(T) == 8 ? 4 : 8;
+// (16 spilled). Without dbias (RMSNorm, LayerNorm without bias), 2-byte rows take 16: the dweight sums
+// alone fit (kBias below).
+template <typename T, bool kBias = true>
+constexpr int kBackwardThreadElems = sizeof(T) == 8 ? 4 : sizeof(T) == 2 && !kBias ? 16 : 8;
 constexpr int64_t kBackwardRowSmem = 200 << 10;  // x and dy of a block's rows, all stages, at most
 constexpr int kBackwardRowMaxStages = 4;
 constexpr int kBackwardMaxCluster = 8;  // blocks a row, at most (the portable cluster size)
@@ -146,7 +149,8 @@ __device__ __forceinline__ A cached_row_sum(const Vec<T, VEC>* cache, int t, int
 // (kSplit: compiled apart, so that the cluster exchange costs the other kernels no registers.)
 // kSaved: the forward saved each row's affine map (a.affine): no statistics to take, so a row sums only
 // g and g * xhat (RMSNorm: g * x) and needs no early rough mean.
-template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved>
+// kBias: sums dbias (a.db_part); without, the registers of its sums hold twice the elements (2-byte rows).
+template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved, bool kBias>
 __global__ void __launch_bounds__(kBackwardRowThreads, 1)
     row_backward_kernel(BackwardArgs<T, W> a, int tpr, int reduce_tpr, int stages, int split_arg, int slice_vec) {
   using A = typename AccOf<T>::type;
@@ -327,7 +331,7 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
         const A xhat = normalized(xs[e], co.st);
         out[e] = fma(has_w ? gs[e] * wv[e] : gs[e], co.st.rstd, fma(xhat, k2, k1));
         dw[k][e] = fma(gs[e], xhat, dw[k][e]);
-        db[k][e] += gs[e];
+        if constexpr (kBias) db[k][e] += gs[e];
       }
       if (a.dx) {
         add_gradient(a.dx_add ? a.dx_add + (c ? row : 0) * a.n : nullptr, i, out);
@@ -340,7 +344,7 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
   // are 2 * stages * n elements of T a row).
   cp_async_wait_all();  // the last (empty) stages
   A* red = reinterpret_cast<A*>(dyn_smem);
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < (kBias ? 2 : 1); ++which) {
     A* out = static_cast<A*>(which == 0 ? a.dw_part : a.db_part);
     if (out == nullptr) continue;
     out += int64_t(blockIdx.x / split) * a.n;
@@ -378,6 +382,7 @@ struct RowBackwardPlan {
   int64_t parts;
   size_t smem;
   bool saved;  // the kernel reads the forward's saved affine maps
+  bool bias;   // the kernel sums dbias (kBias)
 };
 
 // FASTNORM_ROW_BWD_STAGES (read at each call, for A/B runs): the row backward's buffers, 2-4 (LayerNorm
@@ -396,28 +401,34 @@ static inline int row_backward_split(int least) {
   return v > least && v <= kBackwardMaxCluster ? v : least;
 }
 
-template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved>
+template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved, bool kBias>
 static inline const void* row_backward_kernel_ptr() {
-  return reinterpret_cast<const void*>(row_backward_kernel<T, W, VEC, K, kSplit, kSaved>);
+  return reinterpret_cast<const void*>(row_backward_kernel<T, W, VEC, K, kSplit, kSaved, kBias>);
 }
 
 // Vectors a thread owns, at most (K in {1, 2, 4}, at most kBackwardThreadElems elements).
-template <typename T, int VEC>
+template <typename T, int VEC, bool kBias = true>
 constexpr int row_backward_max_k() {
-  return kBackwardThreadElems<T> / VEC >= 4 ? 4 : kBackwardThreadElems<T> / VEC >= 2 ? 2 : 1;
+  constexpr int elems = kBackwardThreadElems<T, kBias>;
+  return elems / VEC >= 4 ? 4 : elems / VEC >= 2 ? 2 : 1;
 }
 
+// Whether calls without dbias get kernels of their own: only where these own more vectors a thread
+// (2-byte vector rows: 2 vectors of 8 instead of 1).
+template <typename T, int VEC>
+constexpr bool kBiasFreeKernels = row_backward_max_k<T, VEC, false>() != row_backward_max_k<T, VEC, true>();
+
 // The kernel for k vectors a thread; a split row always takes the one of K (the most).
-template <typename T, typename W, int VEC, int K, bool kSaved>
+template <typename T, typename W, int VEC, int K, bool kSaved, bool kBias>
 static inline const void* row_backward_kernel_for(int k, bool split) {
-  if (split) return k == K ? row_backward_kernel_ptr<T, W, VEC, K, true, kSaved>() : nullptr;
+  if (split) return k == K ? row_backward_kernel_ptr<T, W, VEC, K, true, kSaved, kBias>() : nullptr;
   if constexpr (K >= 4) {
-    if (k == 4) return row_backward_kernel_ptr<T, W, VEC, 4, false, kSaved>();
+    if (k == 4) return row_backward_kernel_ptr<T, W, VEC, 4, false, kSaved, kBias>();
   }
   if constexpr (K >= 2) {
-    if (k == 2) return row_backward_kernel_ptr<T, W, VEC, 2, false, kSaved>();
+    if (k == 2) return row_backward_kernel_ptr<T, W, VEC, 2, false, kSaved, kBias>();
   }
-  return k == 1 ? row_backward_kernel_ptr<T, W, VEC, 1, false, kSaved>() : nullptr;
+  return k == 1 ? row_backward_kernel_ptr<T, W, VEC, 1, false, kSaved, kBias>() : nullptr;
 }
 
 // Saved statistics are read by the vector kernels only: the scalar ones (odd or misaligned rows)
@@ -428,12 +439,28 @@ static inline bool row_backward_reads_saved() {
   return !(env && env[0] == '0');
 }
 
-template <typename T, typename W, int VEC, int K>
+// FASTNORM_ROW_BWD_BIAS_FREE=0 (read at each call, for A/B runs): calls without dbias take the kernels
+// that sum it (and discard the sums).
+static inline bool row_backward_bias_free() {
+  const char* env = std::getenv("FASTNORM_ROW_BWD_BIAS_FREE");
+  return !(env && env[0] == '0');
+}
+
+template <typename T, typename W, int VEC, bool kBias>
 static inline const void* row_backward_kernel_of(int k, bool split, bool saved) {
+  constexpr int K = row_backward_max_k<T, VEC, kBias>();
   if constexpr (VEC > 1) {
-    if (saved) return row_backward_kernel_for<T, W, VEC, K, true>(k, split);
+    if (saved) return row_backward_kernel_for<T, W, VEC, K, true, kBias>(k, split);
   }
-  return row_backward_kernel_for<T, W, VEC, K, false>(k, split);
+  return row_backward_kernel_for<T, W, VEC, K, false, kBias>(k, split);
+}
+
+template <typename T, typename W, int VEC>
+static inline const void* row_backward_kernel_of(int k, bool split, bool saved, bool bias) {
+  if constexpr (kBiasFreeKernels<T, VEC>) {
+    if (!bias) return row_backward_kernel_of<T, W, VEC, false>(k, split, saved);
+  }
+  return row_backward_kernel_of<T, W, VEC, true>(k, split, saved);
 }
 
 static inline cudaLaunchConfig_t row_backward_config(const RowBackwardPlan& plan, cudaStream_t stream,
@@ -487,8 +514,9 @@ static inline int row_backward_clusters(const void* kernel, const RowBackwardPla
 template <typename T, typename W, int VEC>
 static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   using V = Vec<T, VEC>;
-  const RowBackwardPlan none{0, 0, 0, 0, 0, 0, 0, 0, 0, false};
-  constexpr int kMaxK = row_backward_max_k<T, VEC>();
+  const RowBackwardPlan none{0, 0, 0, 0, 0, 0, 0, 0, 0, false, true};
+  const bool bias = !(kBiasFreeKernels<T, VEC> && p.dbias == nullptr && row_backward_bias_free());
+  const int kMaxK = bias ? row_backward_max_k<T, VEC, true>() : row_backward_max_k<T, VEC, false>();
   const int64_t nvec = p.n / VEC;
   const Device dev = device_info();
   const int64_t least = (nvec + int64_t(kBackwardRowThreads) * kMaxK - 1) / (int64_t(kBackwardRowThreads) * kMaxK);
@@ -504,10 +532,10 @@ static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   const int64_t stage_bytes = rows_per_block * 2 * slice_vec * int64_t(sizeof(V));  // x and dy of the block's rows
   if (2 * stage_bytes > kBackwardRowSmem) return none;
   const bool saved = VEC > 1 && p.affine != nullptr && row_backward_reads_saved();
-  const void* kernel = row_backward_kernel_of<T, W, VEC, kMaxK>(k, split > 1, saved);
+  const void* kernel = row_backward_kernel_of<T, W, VEC>(k, split > 1, saved, bias);
   if (kernel == nullptr) return none;
-  static bool smem_allowed[8] = {false, false, false, false, false, false, false, false};
-  const int which = (split > 1 ? 3 : k == 1 ? 0 : k == 2 ? 1 : 2) + (saved ? 4 : 0);
+  static bool smem_allowed[16] = {};
+  const int which = (split > 1 ? 3 : k == 1 ? 0 : k == 2 ? 1 : 2) + (saved ? 4 : 0) + (bias ? 0 : 8);
   if (!smem_allowed[which]) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem));
     smem_allowed[which] = true;
@@ -521,7 +549,7 @@ static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   while (stages > fewest && (stages * stage_bytes > kBackwardRowSmem ||
                             blocks_per_sm(kernel, threads, size_t(stages * stage_bytes)) < per_sm)) --stages;
   if (stages * stage_bytes > kBackwardRowSmem) return none;
-  RowBackwardPlan plan{tpr, threads, k, 0, stages, split, int(slice_vec), 0, size_t(stages * stage_bytes), saved};
+  RowBackwardPlan plan{tpr, threads, k, 0, stages, split, int(slice_vec), 0, size_t(stages * stage_bytes), saved, bias};
   if (split > 1) {
     const int resident = row_backward_clusters(kernel, plan);
     if (resident < 1) return none;
@@ -543,7 +571,7 @@ static inline const char* launch_row_backward(const NormBackwardParams& p, const
   BackwardArgs<T, W> a{static_cast<const T*>(p.x), static_cast<const T*>(p.dy), static_cast<const W*>(p.weight),
                        static_cast<T*>(p.dx), static_cast<const T*>(p.dx_add), p.outer, p.n, 1, p.x_outer_stride, p.eps, p.rms, dw_part, db_part,
                        plan.saved ? p.affine : nullptr};
-  const void* kernel = row_backward_kernel_of<T, W, VEC, row_backward_max_k<T, VEC>()>(plan.k, plan.split > 1, plan.saved);
+  const void* kernel = row_backward_kernel_of<T, W, VEC>(plan.k, plan.split > 1, plan.saved, plan.bias);
   int tpr = plan.tpr, reduce_tpr = pow2_at_least(plan.tpr), stages = plan.stages, split = plan.split;
   int slice_vec = plan.slice_vec;
   void* args[] = {&a, &tpr, &reduce_tpr, &stages, &split, &slice_vec};
