@@ -420,6 +420,31 @@ def test_rows_without_dbias(shape, dtype, rms, saved, monkeypatch):
     assert_close("dweight", got[1], ref[1], dtype)
 
 
+# 2-byte LayerNorm rows with a bias keep the dbias sums in shared memory (kDbSmem) where a thread owns two
+# vectors: several rows a block (1024), one row a block (4096, 9000, 14336: a cluster split with the sums
+# in registers), a 2-block cluster (30000); FASTNORM_ROW_BWD_DBIAS_SMEM=0 keeps them in registers.
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(300, 1024), (150, 4096), (150, 9000), (200, 14336), (70, 30000)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mode", ["", "0"], ids=["shared", "registers"])
+@pytest.mark.parametrize("saved", ["1", "0"], ids=["saved", "recomputed"])
+def test_dbias_sums_in_shared_memory(shape, dtype, mode, saved, monkeypatch):
+    monkeypatch.setenv("FASTNORM_ROW_BWD_DBIAS_SMEM", mode)
+    monkeypatch.setenv("FASTNORM_ROW_BWD_SAVED", saved)
+    torch.manual_seed(0)
+    x = torch.randn(shape, device="cuda", dtype=torch.float64).to(dtype)
+    dy = torch.randn(shape, device="cuda", dtype=dtype)
+    w = (1 + 0.5 * torch.randn(shape[1], device="cuda", dtype=torch.float64)).to(dtype)
+    b = (0.5 * torch.randn(shape[1], device="cuda", dtype=torch.float64)).to(dtype)
+    got = fastnorm_grads(x, dy, 1, 2, w, b, 1e-5, False)
+    ref = reference_grads(x, dy, 1, 2, w, b, 1e-5, False)
+    assert_close("dx", got[0], ref[0], dtype, dx_term_scale(x, dy, 1, 2, w, 1e-5, False))
+    assert_close("dweight", got[1], ref[1], dtype)
+    assert_close("dbias", got[2], ref[2], dtype)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -92,7 +92,9 @@ def run_sanitize(args):
         os.environ.pop("FASTNORM_ROW_BWD_STAGES", None)
         # Row backward blocks of 640 threads (5120 bf16), rows split over clusters of blocks (2, 3 forced
         # by FASTNORM_ROW_BWD_SPLIT, an unaligned split row), more rows than resident clusters.
-        for shape, split in [((200, 5120), ""), ((300, 16384), ""), ((40, 5001), ""), ((400, 1000), "3")]:
+        # (30000: 2-byte dbias sums in shared memory, split; 14336 the same in one block.)
+        for shape, split in [((200, 5120), ""), ((300, 16384), ""), ((40, 5001), ""), ((400, 1000), "3"),
+                             ((150, 14336), ""), ((70, 30000), "")]:
             os.environ["FASTNORM_ROW_BWD_SPLIT"] = split
             x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
             w = torch.rand(shape[-1], device="cuda", dtype=dtype, requires_grad=True)

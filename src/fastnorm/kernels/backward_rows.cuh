@@ -1,7 +1,8 @@
 // The fused backward of last-dim rows: x and dy read once, dx written once, dweight / dbias summed in
 // registers across the rows a block handles (a persistent grid), then one partial per block. A block
 // holds rows of up to 1024 threads x 8 elements (4 in fp64; 16 in 2-byte rows without dbias, whose
-// registers hold dweight sums only: kBias); rows up to twice that are split over a
+// registers hold dweight sums only, or whose dbias sums live in shared memory: kDb); rows up to twice
+// that are split over a
 // thread-block cluster of two blocks (Hopper; FASTNORM_ROW_BWD_SPLIT forces up to 8), which exchange
 // their row sums through distributed shared memory: one read of x and dy instead of the long-row
 // path's two (H100 backward, fp32 4096x16384: 483 -> 402 us LayerNorm, 478 -> 359 RMSNorm).
@@ -35,10 +36,12 @@ namespace fastnorm {
 
 constexpr int kBackwardRowThreads = 1024;    // threads a row, at most
 // Elements a thread owns, at most: 8 (4 in float64), whose dweight / dbias sums fit 64 registers
-// (16 spilled). Without dbias (RMSNorm, LayerNorm without bias), 2-byte rows take 16: the dweight sums
-// alone fit (kBias below).
-template <typename T, bool kBias = true>
-constexpr int kBackwardThreadElems = sizeof(T) == 8 ? 4 : sizeof(T) == 2 && !kBias ? 16 : 8;
+// (16 spilled). 2-byte rows take 16 where the dweight sums alone are in registers (kDb below).
+// Where the row backward keeps its dbias sums (kDb): none asked (RMSNorm, LayerNorm without bias),
+// registers, or each thread's own shared-memory slots.
+constexpr int kDbNone = 0, kDbRegs = 1, kDbSmem = 2;
+template <typename T, int kDb = kDbRegs>
+constexpr int kBackwardThreadElems = sizeof(T) == 8 ? 4 : sizeof(T) == 2 && kDb != kDbRegs ? 16 : 8;
 constexpr int64_t kBackwardRowSmem = 200 << 10;  // x and dy of a block's rows, all stages, at most
 constexpr int kBackwardRowMaxStages = 4;
 constexpr int kBackwardMaxCluster = 8;  // blocks a row, at most (the portable cluster size)
@@ -149,8 +152,10 @@ __device__ __forceinline__ A cached_row_sum(const Vec<T, VEC>* cache, int t, int
 // (kSplit: compiled apart, so that the cluster exchange costs the other kernels no registers.)
 // kSaved: the forward saved each row's affine map (a.affine): no statistics to take, so a row sums only
 // g and g * xhat (RMSNorm: g * x) and needs no early rough mean.
-// kBias: sums dbias (a.db_part); without, the registers of its sums hold twice the elements (2-byte rows).
-template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved, bool kBias>
+// kDb: where the dbias sums (a.db_part) are kept; outside registers, the registers of the dbias sums hold
+// twice the elements (2-byte rows). kDbSmem: slot (k * VEC + e) * blockDim.x + threadIdx.x of a float
+// area after the copy ring (consecutive threads, consecutive banks).
+template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved, int kDb>
 __global__ void __launch_bounds__(kBackwardRowThreads, 1)
     row_backward_kernel(BackwardArgs<T, W> a, int tpr, int reduce_tpr, int stages, int split_arg, int slice_vec) {
   using A = typename AccOf<T>::type;
@@ -183,10 +188,14 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
   V* slots = reinterpret_cast<V*>(dyn_smem) + (int64_t(group) * 2 * stages * slice_vec - v0);
   const A inv_n = A(1) / A(a.n);
   A dw[K][VEC], db[K][VEC];
+  A* db_slots = reinterpret_cast<A*>(dyn_smem + int64_t(rows_per_block) * 2 * stages * slice_vec * int64_t(sizeof(V)));
 #pragma unroll
   for (int k = 0; k < K; ++k) {
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) dw[k][e] = A(0), db[k][e] = A(0);
+    for (int e = 0; e < VEC; ++e) {
+      dw[k][e] = A(0), db[k][e] = A(0);
+      if constexpr (kDb == kDbSmem) db_slots[(k * VEC + e) * blockDim.x + threadIdx.x] = A(0);
+    }
   }
   const int64_t clusters = gridDim.x / split;
   const int64_t step = clusters * rows_per_block;
@@ -331,7 +340,8 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
         const A xhat = normalized(xs[e], co.st);
         out[e] = fma(has_w ? gs[e] * wv[e] : gs[e], co.st.rstd, fma(xhat, k2, k1));
         dw[k][e] = fma(gs[e], xhat, dw[k][e]);
-        if constexpr (kBias) db[k][e] += gs[e];
+        if constexpr (kDb == kDbRegs) db[k][e] += gs[e];
+        if constexpr (kDb == kDbSmem) db_slots[(k * VEC + e) * blockDim.x + threadIdx.x] += gs[e];
       }
       if (a.dx) {
         add_gradient(a.dx_add ? a.dx_add + (c ? row : 0) * a.n : nullptr, i, out);
@@ -344,7 +354,7 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
   // are 2 * stages * n elements of T a row).
   cp_async_wait_all();  // the last (empty) stages
   A* red = reinterpret_cast<A*>(dyn_smem);
-  for (int which = 0; which < (kBias ? 2 : 1); ++which) {
+  for (int which = 0; which < (kDb != kDbNone ? 2 : 1); ++which) {
     A* out = static_cast<A*>(which == 0 ? a.dw_part : a.db_part);
     if (out == nullptr) continue;
     out += int64_t(blockIdx.x / split) * a.n;
@@ -355,7 +365,8 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
       const int64_t col = int64_t(t + k * tpr) * VEC;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const A v = which == 0 ? dw[k][e] : db[k][e];
+        A v = which == 0 ? dw[k][e] : db[k][e];
+        if constexpr (kDb == kDbSmem) v = which == 0 ? v : db_slots[(k * VEC + e) * blockDim.x + threadIdx.x];
         if (rows_per_block == 1) out[col + e] = v;
         else red[group * a.n + col + e] = v;
       }
@@ -382,7 +393,7 @@ struct RowBackwardPlan {
   int64_t parts;
   size_t smem;
   bool saved;  // the kernel reads the forward's saved affine maps
-  bool bias;   // the kernel sums dbias (kBias)
+  int db;      // where the kernel keeps its dbias sums (kDb)
 };
 
 // FASTNORM_ROW_BWD_STAGES (read at each call, for A/B runs): the row backward's buffers, 2-4 (LayerNorm
@@ -401,34 +412,38 @@ static inline int row_backward_split(int least) {
   return v > least && v <= kBackwardMaxCluster ? v : least;
 }
 
-template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved, bool kBias>
+template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved, int kDb>
 static inline const void* row_backward_kernel_ptr() {
-  return reinterpret_cast<const void*>(row_backward_kernel<T, W, VEC, K, kSplit, kSaved, kBias>);
+  return reinterpret_cast<const void*>(row_backward_kernel<T, W, VEC, K, kSplit, kSaved, kDb>);
 }
 
 // Vectors a thread owns, at most (K in {1, 2, 4}, at most kBackwardThreadElems elements).
-template <typename T, int VEC, bool kBias = true>
+template <typename T, int VEC, int kDb = kDbRegs>
 constexpr int row_backward_max_k() {
-  constexpr int elems = kBackwardThreadElems<T, kBias>;
+  constexpr int elems = kBackwardThreadElems<T, kDb>;
   return elems / VEC >= 4 ? 4 : elems / VEC >= 2 ? 2 : 1;
 }
 
-// Whether calls without dbias get kernels of their own: only where these own more vectors a thread
+// Whether dbias outside registers gets kernels of its own: only where these own more vectors a thread
 // (2-byte vector rows: 2 vectors of 8 instead of 1).
 template <typename T, int VEC>
-constexpr bool kBiasFreeKernels = row_backward_max_k<T, VEC, false>() != row_backward_max_k<T, VEC, true>();
+constexpr bool kWideKernels = row_backward_max_k<T, VEC, kDbNone>() != row_backward_max_k<T, VEC, kDbRegs>();
 
 // The kernel for k vectors a thread; a split row always takes the one of K (the most).
-template <typename T, typename W, int VEC, int K, bool kSaved, bool kBias>
+template <typename T, typename W, int VEC, int K, bool kSaved, int kDb>
 static inline const void* row_backward_kernel_for(int k, bool split) {
-  if (split) return k == K ? row_backward_kernel_ptr<T, W, VEC, K, true, kSaved, kBias>() : nullptr;
-  if constexpr (K >= 4) {
-    if (k == 4) return row_backward_kernel_ptr<T, W, VEC, 4, false, kSaved, kBias>();
+  if (split) return k == K ? row_backward_kernel_ptr<T, W, VEC, K, true, kSaved, kDb>() : nullptr;
+  if constexpr (kDb == kDbSmem) {  // two vectors a thread only (one: the sums fit registers)
+    return k == K ? row_backward_kernel_ptr<T, W, VEC, K, false, kSaved, kDb>() : nullptr;
+  } else {
+    if constexpr (K >= 4) {
+      if (k == 4) return row_backward_kernel_ptr<T, W, VEC, 4, false, kSaved, kDb>();
+    }
+    if constexpr (K >= 2) {
+      if (k == 2) return row_backward_kernel_ptr<T, W, VEC, 2, false, kSaved, kDb>();
+    }
+    return k == 1 ? row_backward_kernel_ptr<T, W, VEC, 1, false, kSaved, kDb>() : nullptr;
   }
-  if constexpr (K >= 2) {
-    if (k == 2) return row_backward_kernel_ptr<T, W, VEC, 2, false, kSaved, kBias>();
-  }
-  return k == 1 ? row_backward_kernel_ptr<T, W, VEC, 1, false, kSaved, kBias>() : nullptr;
 }
 
 // Saved statistics are read by the vector kernels only: the scalar ones (odd or misaligned rows)
@@ -446,21 +461,29 @@ static inline bool row_backward_bias_free() {
   return !(env && env[0] == '0');
 }
 
-template <typename T, typename W, int VEC, bool kBias>
+// FASTNORM_ROW_BWD_DBIAS_SMEM=0 (read at each call, for A/B runs) keeps the dbias sums of 2-byte rows in
+// registers, 8 elements a thread.
+static inline bool row_backward_dbias_smem() {
+  const char* env = std::getenv("FASTNORM_ROW_BWD_DBIAS_SMEM");
+  return !(env && env[0] == '0');
+}
+
+template <typename T, typename W, int VEC, int kDb>
 static inline const void* row_backward_kernel_of(int k, bool split, bool saved) {
-  constexpr int K = row_backward_max_k<T, VEC, kBias>();
+  constexpr int K = row_backward_max_k<T, VEC, kDb>();
   if constexpr (VEC > 1) {
-    if (saved) return row_backward_kernel_for<T, W, VEC, K, true, kBias>(k, split);
+    if (saved) return row_backward_kernel_for<T, W, VEC, K, true, kDb>(k, split);
   }
-  return row_backward_kernel_for<T, W, VEC, K, false, kBias>(k, split);
+  return row_backward_kernel_for<T, W, VEC, K, false, kDb>(k, split);
 }
 
 template <typename T, typename W, int VEC>
-static inline const void* row_backward_kernel_of(int k, bool split, bool saved, bool bias) {
-  if constexpr (kBiasFreeKernels<T, VEC>) {
-    if (!bias) return row_backward_kernel_of<T, W, VEC, false>(k, split, saved);
+static inline const void* row_backward_kernel_of(int k, bool split, bool saved, int db) {
+  if constexpr (kWideKernels<T, VEC>) {
+    if (db == kDbNone) return row_backward_kernel_of<T, W, VEC, kDbNone>(k, split, saved);
+    if (db == kDbSmem) return row_backward_kernel_of<T, W, VEC, kDbSmem>(k, split, saved);
   }
-  return row_backward_kernel_of<T, W, VEC, true>(k, split, saved);
+  return row_backward_kernel_of<T, W, VEC, kDbRegs>(k, split, saved);
 }
 
 static inline cudaLaunchConfig_t row_backward_config(const RowBackwardPlan& plan, cudaStream_t stream,
@@ -512,11 +535,13 @@ static inline int row_backward_clusters(const void* kernel, const RowBackwardPla
 // ones a block of just enough warps (640 for bf16 rows of 5120, where a power of two would leave 384
 // threads idle), split over a cluster of blocks past kBackwardRowThreads x K vectors (Hopper).
 template <typename T, typename W, int VEC>
-static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
+static inline RowBackwardPlan plan_row_backward_db(const NormBackwardParams& p, int db) {
   using V = Vec<T, VEC>;
-  const RowBackwardPlan none{0, 0, 0, 0, 0, 0, 0, 0, 0, false, true};
-  const bool bias = !(kBiasFreeKernels<T, VEC> && p.dbias == nullptr && row_backward_bias_free());
-  const int kMaxK = bias ? row_backward_max_k<T, VEC, true>() : row_backward_max_k<T, VEC, false>();
+  using A = typename AccOf<T>::type;
+  const RowBackwardPlan none{0, 0, 0, 0, 0, 0, 0, 0, 0, false, kDbRegs};
+  const int kMaxK = db == kDbNone   ? row_backward_max_k<T, VEC, kDbNone>()
+                    : db == kDbSmem ? row_backward_max_k<T, VEC, kDbSmem>()
+                                    : row_backward_max_k<T, VEC, kDbRegs>();
   const int64_t nvec = p.n / VEC;
   const Device dev = device_info();
   const int64_t least = (nvec + int64_t(kBackwardRowThreads) * kMaxK - 1) / (int64_t(kBackwardRowThreads) * kMaxK);
@@ -530,26 +555,28 @@ static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   const int k = split > 1 ? kMaxK : pow2_at_least((slice_vec + tpr - 1) / tpr);
   const int64_t rows_per_block = threads / tpr;
   const int64_t stage_bytes = rows_per_block * 2 * slice_vec * int64_t(sizeof(V));  // x and dy of the block's rows
-  if (2 * stage_bytes > kBackwardRowSmem) return none;
+  const int64_t db_bytes = db == kDbSmem ? int64_t(threads) * k * VEC * int64_t(sizeof(A)) : 0;
+  if (2 * stage_bytes + db_bytes > kBackwardRowSmem) return none;
   const bool saved = VEC > 1 && p.affine != nullptr && row_backward_reads_saved();
-  const void* kernel = row_backward_kernel_of<T, W, VEC>(k, split > 1, saved, bias);
+  const void* kernel = row_backward_kernel_of<T, W, VEC>(k, split > 1, saved, db);
   if (kernel == nullptr) return none;
-  static bool smem_allowed[16] = {};
-  const int which = (split > 1 ? 3 : k == 1 ? 0 : k == 2 ? 1 : 2) + (saved ? 4 : 0) + (bias ? 0 : 8);
+  static bool smem_allowed[24] = {};
+  const int which = (split > 1 ? 3 : k == 1 ? 0 : k == 2 ? 1 : 2) + (saved ? 4 : 0) + 8 * db;
   if (!smem_allowed[which]) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem));
     smem_allowed[which] = true;
   }
-  const int per_sm = blocks_per_sm(kernel, threads, size_t(2 * stage_bytes));
+  const int per_sm = blocks_per_sm(kernel, threads, size_t(2 * stage_bytes + db_bytes));
   if (per_sm < 1) return none;
   // As many stages as fit without costing a resident block (registers limit the blocks first), at
   // least the 3 that LayerNorm's early rough mean needs (3 x 64 KB fit at most).
   const int fewest = p.rms || saved ? 2 : 3;
   int stages = std::max(row_backward_max_stages(), fewest);
-  while (stages > fewest && (stages * stage_bytes > kBackwardRowSmem ||
-                            blocks_per_sm(kernel, threads, size_t(stages * stage_bytes)) < per_sm)) --stages;
-  if (stages * stage_bytes > kBackwardRowSmem) return none;
-  RowBackwardPlan plan{tpr, threads, k, 0, stages, split, int(slice_vec), 0, size_t(stages * stage_bytes), saved, bias};
+  while (stages > fewest && (stages * stage_bytes + db_bytes > kBackwardRowSmem ||
+                            blocks_per_sm(kernel, threads, size_t(stages * stage_bytes + db_bytes)) < per_sm)) --stages;
+  if (stages * stage_bytes + db_bytes > kBackwardRowSmem) return none;
+  RowBackwardPlan plan{tpr,   threads, k, 0, stages, split, int(slice_vec), 0, size_t(stages * stage_bytes + db_bytes),
+                       saved, db};
   if (split > 1) {
     const int resident = row_backward_clusters(kernel, plan);
     if (resident < 1) return none;
@@ -565,13 +592,31 @@ static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
   return plan;
 }
 
+// Where the dbias sums go in 2-byte rows: nowhere without a dbias, else in shared memory, so that a
+// thread owns 16 elements either way: one block, not a cluster of two, holds rows of 8193-16384 elements
+// (and a 2-block cluster rows of up to 32768). H100, LayerNorm training step, shared memory against
+// registers in one call: fp16 4096x14336 327.1 -> 277.0 us (backward kernel 231.5 -> 180.4), bf16
+// 65536x1024 278.7 -> 265.1 (169.8 -> 160.1), 16384x4096 284.5 -> 282.0 (178.2 -> 173.6), 8192x5120
+// 193.1 -> 196.1 (119.4 -> 119.3). Rows whose thread would own one vector keep the sums in registers.
+template <typename T, typename W, int VEC>
+static inline RowBackwardPlan plan_row_backward(const NormBackwardParams& p) {
+  if constexpr (kWideKernels<T, VEC>) {
+    if (p.dbias == nullptr && row_backward_bias_free()) return plan_row_backward_db<T, W, VEC>(p, kDbNone);
+    if (p.dbias != nullptr && row_backward_dbias_smem()) {
+      const RowBackwardPlan plan = plan_row_backward_db<T, W, VEC>(p, kDbSmem);
+      if (plan.tpr > 0) return plan;
+    }
+  }
+  return plan_row_backward_db<T, W, VEC>(p, kDbRegs);
+}
+
 template <typename T, typename W, int VEC>
 static inline const char* launch_row_backward(const NormBackwardParams& p, const RowBackwardPlan& plan, void* dw_part,
                                        void* db_part, cudaStream_t stream) {
   BackwardArgs<T, W> a{static_cast<const T*>(p.x), static_cast<const T*>(p.dy), static_cast<const W*>(p.weight),
                        static_cast<T*>(p.dx), static_cast<const T*>(p.dx_add), p.outer, p.n, 1, p.x_outer_stride, p.eps, p.rms, dw_part, db_part,
                        plan.saved ? p.affine : nullptr};
-  const void* kernel = row_backward_kernel_of<T, W, VEC>(plan.k, plan.split > 1, plan.saved, plan.bias);
+  const void* kernel = row_backward_kernel_of<T, W, VEC>(plan.k, plan.split > 1, plan.saved, plan.db);
   int tpr = plan.tpr, reduce_tpr = pow2_at_least(plan.tpr), stages = plan.stages, split = plan.split;
   int slice_vec = plan.slice_vec;
   void* args[] = {&a, &tpr, &reduce_tpr, &stages, &split, &slice_vec};
