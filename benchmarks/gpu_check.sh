@@ -50,8 +50,11 @@ for stage in $stages; do
           --runs "${RUNS:-5}" --json "$logs/steadiness_$problem.json"
       done ;;
     scale)
+      # A load_inline candidate (the solver's single file builds at import, which the pool can do ahead);
+      # solutions/*.py import fastnorm, whose one build all judges share.
+      run solve_for_scale 300 fastnorm solve problems/layer_norm_16x64x256x256.py -o "$logs/ln_solved.py"
       run eval_scale 900 python3 benchmarks/eval_scale.py problems/layer_norm_16x64x256x256.py \
-        solutions/layer_norm_16x64x256x256.py --copies "${COPIES:-16}" --configs sequential one_gpu_builds_ahead \
+        "$logs/ln_solved.py" --copies "${COPIES:-16}" --configs sequential one_gpu_builds_ahead \
         --out "$logs/eval_scale.json" ;;
     *) echo "unknown stage $stage (build tests sanitize steadiness scale)"; status=2 ;;
   esac

@@ -1,7 +1,10 @@
 """Scalar-row shapes (odd n, misaligned row starts) of issue 27: fastnorm against PyTorch eager and
 torch.compile, device time with the L2 flushed, % of a device copy. Run on the GPU machine:
-    python benchmarks/odd_rows.py
+    python benchmarks/odd_rows.py [--alt VAR=VALUE]
+The "alt" column times fastnorm again with VAR=VALUE set (default FASTNORM_WARP_ROWS=0: the row kernel's
+scalar path, as before the warp rows; FASTNORM_WARP_PAIRS=0: 2-byte warp rows one element a lane).
 """
+import argparse
 import os
 import sys
 from pathlib import Path
@@ -18,11 +21,14 @@ CASES = [((100000, 257), torch.float32, 0), ((100000, 257), torch.bfloat16, 0), 
 
 
 def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--alt", default="FASTNORM_WARP_ROWS=0", help="VAR=VALUE for the alt column")
+    alt_var, alt_value = p.parse_args().alt.split("=", 1)
     import fastnorm
     flush = flush_buffer()
     bw = copy_bandwidth(flush)
-    print(device_line(bw), flush=True)
-    print(f"{'case':<34}{'fastnorm us':>12}{'%copy':>7}{'row kernel':>11}{'eager us':>10}{'compile us':>11}"
+    print(device_line(bw), f"(alt: {alt_var}={alt_value})", flush=True)
+    print(f"{'case':<34}{'fastnorm us':>12}{'%copy':>7}{'alt':>11}{'eager us':>10}{'compile us':>11}"
           f"{'vs compile':>11}")
     for (m, n), dt, off in CASES:
         base = torch.randn(m * n + off, device="cuda", dtype=dt)
@@ -33,9 +39,9 @@ def main():
             ref = torch_norm(x, w, b, rms)
             err = (ours().float() - ref().float()).abs().max().item()
             t = device_time(ours, flush)
-            os.environ["FASTNORM_WARP_ROWS"] = "0"  # the row kernel's scalar path, as before the warp rows
+            os.environ[alt_var] = alt_value
             t_row = device_time(ours, flush)
-            os.environ.pop("FASTNORM_WARP_ROWS")
+            os.environ.pop(alt_var)
             te = device_time(ref, flush)
             tc = device_time(torch_norm(x, w, b, rms, compiled=True), flush)
             nbytes = 2 * x.numel() * x.element_size()
