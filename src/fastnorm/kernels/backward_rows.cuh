@@ -19,7 +19,8 @@
 // columns are the same in every row, so its dweight / dbias sums stay in registers. (Sums in each
 // thread's own shared-memory slots instead, which would free the registers for 16-32 elements a
 // thread, measured slower on the H100: bf16 16384x4096 LN 218 -> 270 us, RMS 172 -> 216, 65536x1024
-// LN 198 -> 253, even with conflict-free element-major slots; vector-major slots took 413 us.)
+// LN 198 -> 253, even with conflict-free element-major slots; vector-major slots took 413 us. The
+// dbias sums alone there, so that 2-byte rows take 16 elements a thread, win: kDbSmem.)
 // (LayerNorm's two reductions, a rough mean then the corrected sums, measured faster than one
 // reduction of per-thread exact moments merged with Chan's formula: bf16 16384x4096 218 against 349 us,
 // 65536x1024 198 against 390: the divisions in every merge step of the shuffle tree cost more than the
