@@ -43,7 +43,7 @@ constexpr int kBackwardRowThreads = 1024;    // threads a row, at most
 constexpr int kDbNone = 0, kDbRegs = 1, kDbSmem = 2;
 template <typename T, int kDb = kDbRegs>
 constexpr int kBackwardThreadElems = sizeof(T) == 8 ? 4 : sizeof(T) == 2 && kDb != kDbRegs ? 16 : 8;
-constexpr int64_t kBackwardRowSmem = 200 << 10;  // x and dy of a block's rows, all stages, at most
+constexpr int64_t kBackwardRowSmem = 200 << 10;  // x and dy of a block's rows, all stages (+ kDbSmem's slots), at most
 constexpr int kBackwardRowMaxStages = 4;
 constexpr int kBackwardMaxCluster = 8;  // blocks a row, at most (the portable cluster size)
 
