@@ -12,7 +12,8 @@ def test_model_suite_runs_both_variants_in_both_modes(monkeypatch):
     assert [(r.mode, r.variant) for r in rows] == [("forward", "pytorch"), ("train", "pytorch"),
                                                      ("forward", "fastnorm"), ("train", "fastnorm")]
     assert all(r.ms and r.ms > 0 and r.tokens_per_s > 0 for r in rows), [r.note for r in rows]
-    assert any("replaced 5 norms" in line for line in lines)  # 2 layers x 2 norms + the final norm
+    # 2 layers x 2 norms + the final norm; each layer's attention residual add fused into its second norm
+    assert any("replaced 5 norms, fused the residual add of 2 layers" in line for line in lines)
     table = model_suite.format_rows(rows)
     assert "vs pytorch" in table and table.count("x") >= 2
     doc = model_suite.to_json("cpu", rows)

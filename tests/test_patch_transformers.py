@@ -30,6 +30,14 @@ FAMILIES = {
              "LayerNorm", fastnorm.LayerNorm),
 }
 GENERATIVE = ["llama", "qwen2", "mistral", "gemma", "t5", "gpt2"]
+DECODERS = ["llama", "qwen2", "mistral", "gemma"]  # Llama-style layers: the residual add fuses into a norm
+LAYERS = ["model.layers.0", "model.layers.1"]
+
+
+def split_report(report):
+    """(paths of replaced norms, paths of layers given a fused forward)."""
+    fused = [r.path for r in report.replaced if r.replacement.endswith("(fused forward)")]
+    return [r.path for r in report.replaced if r.path not in fused], fused
 
 
 def build(family, device="cpu", dtype=torch.float32):
@@ -65,13 +73,14 @@ def test_patched_logits_match_and_unpatch_restores(family):
     params, keys = dict(model.named_parameters()), list(model.state_dict())
     originals = {path: model.get_submodule(path) for path in norms}
     report = fastnorm.patch(model)
-    assert [r.path for r in report.replaced] == norms and report.skipped == []
+    assert split_report(report) == (norms, LAYERS if family in DECODERS else []) and report.skipped == []
     assert all(type(model.get_submodule(path)) is FAMILIES[family][4] for path in norms)
     assert dict(model.named_parameters()).keys() == params.keys()
     assert all(p is params[name] for name, p in model.named_parameters())
     assert list(model.state_dict()) == keys
     _assert_close(logits(model, inputs), expected)
-    assert fastnorm.unpatch(model) == norms
+    assert fastnorm.unpatch(model) == norms + (LAYERS if family in DECODERS else [])
+    assert all("forward" not in vars(model.get_submodule(path)) for path in LAYERS if family in DECODERS)
     assert all(model.get_submodule(path) is m for path, m in originals.items())
     assert torch.equal(logits(model, inputs), expected)
 
@@ -108,13 +117,80 @@ def test_generate_same_tokens(family):
     assert torch.equal(model.generate(ids, **kwargs), expected)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma", "gpt2"])  # T5: 30 s here; test_patch compiles its norm
-def test_torch_compile(family):
+@pytest.mark.parametrize("family,under_compile", [("llama", "inductor"), ("llama", "kernels"), ("gemma", "inductor"),
+                                                   ("gpt2", "kernels")])  # T5: 30 s here; test_patch compiles its norm
+def test_torch_compile(family, under_compile):
     model, _, inputs = build(family)
-    fastnorm.patch(model)
+    fastnorm.patch(model, under_compile=under_compile)
     expected = logits(model, inputs)
     torch._dynamo.reset()
     _assert_close(logits(torch.compile(model), inputs), expected)
+
+
+class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Names of the ops dispatched under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_fused_layers_take_the_fused_op(family):
+    """Each Llama-style layer adds its attention output in add_rms_norm (and grads still match: see
+    test_training_step); without fuse_residual none does."""
+    counts = {}
+    for fuse in (True, False):
+        model, _, inputs = build(family)
+        fastnorm.patch(model, fuse_residual=fuse)
+        with OpRecorder() as recorder:
+            model(**inputs).loss.backward()
+        counts[fuse] = (recorder.ops.count("fastnorm.add_rms_norm"), recorder.ops.count("fastnorm.rms_norm"))
+    assert counts == {True: (2, 3), False: (0, 5)}
+
+
+def test_fused_layer_runs_the_class_forward_for_calls_it_does_not_know():
+    model, _, inputs = build("llama")
+    layer = model.model.layers[0]
+    x = torch.randn(2, 8, 64)
+    angles = torch.randn(2, 8, layer.self_attn.head_dim)
+    position = (angles.cos(), angles.sin())
+    expected = layer(x, None, position_embeddings=position)
+    fastnorm.patch(model)
+    with OpRecorder() as recorder:
+        positional = layer(x, None, position_embeddings=position)  # a positional attention_mask
+    assert "fastnorm.add_rms_norm" not in recorder.ops
+    with OpRecorder() as recorder:
+        keyword = layer(x, attention_mask=None, position_embeddings=position)
+    assert "fastnorm.add_rms_norm" in recorder.ops
+    _assert_close(positional, expected)
+    _assert_close(keyword, expected)
+
+
+@pytest.mark.parametrize("under_compile", ["inductor", "kernels"])
+def test_what_torch_compile_sees(under_compile):
+    """under_compile="inductor": the compiled graph holds PyTorch ops only, for inductor to fuse around
+    the norms; "kernels": fastnorm's custom ops (fused residual ones included)."""
+    model, _, inputs = build("llama")
+    fastnorm.patch(model, under_compile=under_compile)
+    expected = logits(model, inputs)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    _assert_close(logits(torch.compile(model, backend=backend), inputs), expected)
+    fastnorm_ops = sorted({t.removesuffix(".default") for t in targets if "fastnorm" in t})
+    if under_compile == "inductor":
+        assert fastnorm_ops == [] and any("rsqrt" in t for t in targets)
+    else:
+        assert fastnorm_ops == ["fastnorm.add_rms_norm", "fastnorm.rms_norm"]
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma", "t5"])
@@ -157,7 +233,7 @@ def test_patched_on_cuda(family, dtype):
     model, norms, inputs = build(family, device="cuda", dtype=dtype)
     expected = logits(model, inputs)
     report = fastnorm.patch(model)
-    assert [r.path for r in report.replaced] == norms and report.skipped == []
+    assert split_report(report) == (norms, LAYERS if family in DECODERS else []) and report.skipped == []
     y = logits(model, inputs)
     assert y.dtype == expected.dtype and y.device == expected.device
     tol = 1e-4 if dtype == torch.float32 else 0.05

@@ -7,8 +7,22 @@ from torch import nn
 
 from fastnorm.ops.functional import layer_norm, rms_norm
 
+_is_compiling = torch.compiler.is_compiling
 
-class LayerNorm(nn.LayerNorm):
+
+class _InductorUnderCompile:
+    """`inductor_under_compile` (set by fastnorm.patch): under torch.compile, forward as PyTorch ops,
+    which inductor fuses with their neighbours in a model (a residual add before, casts after, the
+    gradient sums in the backward), where a fastnorm kernel would be a fusion barrier. Eager calls
+    always take fastnorm's kernels."""
+
+    inductor_under_compile = False
+
+    def _to_inductor(self, residual) -> bool:
+        return self.inductor_under_compile and residual is None and self.dim is None and _is_compiling()
+
+
+class LayerNorm(_InductorUnderCompile, nn.LayerNorm):
     """torch.nn.LayerNorm on fastnorm kernels; `dim` normalizes over other dims than the trailing ones.
 
     `forward(x, residual)` returns (y, h) with h = x + residual and y = norm(h), fused (pre-norm
@@ -25,6 +39,8 @@ class LayerNorm(nn.LayerNorm):
         self.residual_in_fp32 = residual_in_fp32
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        if self._to_inductor(residual):
+            return nn.functional.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, dim=self.dim, residual=residual,
                           residual_in_fp32=self.residual_in_fp32)
 
@@ -33,7 +49,19 @@ class LayerNorm(nn.LayerNorm):
         return extra if self.dim is None else f"{extra}, dim={self.dim}"
 
 
-class RMSNorm(nn.Module):
+def rms_norm_reference(x, normalized_shape, weight, eps, weight_offset: float = 0.0, out_dtype=None):
+    """RMSNorm in PyTorch ops (float32 statistics, one rounding to `out_dtype`, default x's dtype): what
+    patched modules trace to under torch.compile (see _InductorUnderCompile)."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    xf = x.float()
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    y = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        y = y * (weight.float() + weight_offset)
+    return y.to(x.dtype if out_dtype is None else out_dtype)
+
+
+class RMSNorm(_InductorUnderCompile, nn.Module):
     """torch.nn.RMSNorm on fastnorm kernels; `dim=1` normalizes the channels of NCHW inputs natively.
 
     `forward(x, residual)` returns (y, h) with h = x + residual and y = norm(h), fused (pre-norm
@@ -63,6 +91,8 @@ class RMSNorm(nn.Module):
             nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None):
+        if self._to_inductor(residual):
+            return rms_norm_reference(x, self.normalized_shape, self.weight, self.eps)
         return rms_norm(x, self.normalized_shape, self.weight, self.eps, dim=self.dim, residual=residual,
                         residual_in_fp32=self.residual_in_fp32)
 

@@ -25,9 +25,9 @@ from torch import nn
 from torch.func import functional_call
 
 from fastnorm import family_modules
-from fastnorm.modules import LayerNorm, RMSNorm
+from fastnorm.modules import LayerNorm, RMSNorm, rms_norm_reference
 from fastnorm.ops.family_functional import group_norm
-from fastnorm.ops.functional import rms_norm
+from fastnorm.ops.functional import layer_norm, rms_norm
 
 _HALF = (torch.float16, torch.bfloat16)
 _ORIGINAL = "_fastnorm_original"  # attribute of a replacement: the module it stands in for
@@ -95,6 +95,9 @@ class PatchedRMSNorm(RMSNorm):
         self.eps = value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._to_inductor(None):
+            return rms_norm_reference(x, self.normalized_shape, self.weight, self.eps, self.weight_offset,
+                                      output_dtype(self.dtype_rule, x.dtype, self.weight.dtype))
         return rms_norm_variant(x, self.normalized_shape, self.weight, self.eps, self.weight_offset, self.dtype_rule)
 
     def extra_repr(self) -> str:
@@ -559,16 +562,144 @@ def _resnet_blocks(model: nn.Module, skipped: list) -> list:
             skipped.append(Skipped(path or "(root)", _class_name(module), f"GroupNorm + SiLU not fused: {why_not}"))
     return blocks
 
+# transformers' pre-norm decoder layers (Llama, Qwen2, Qwen3, Mistral and their kind) compute
+#   residual = h; h = self_attn(hidden_states=input_layernorm(h), <the forward's other arguments by name>)
+#   h = residual + h; residual = h; h = post_attention_layernorm(h); return residual + mlp(h)
+# The middle add and norm become one add_rms_norm / add_layer_norm call: one pass fewer in the forward,
+# and its backward adds h's gradient from the last add in the same pass (no separate gradient sum).
+# Installed on the instance only after the norms are replaced and only where this forward matched the
+# class forward on a probe; a call it does not know (positional arguments, attention weights asked for)
+# runs the class forward. Releases whose layers return tuples (older transformers) are left alone.
+_DECODER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+_INDUCTOR = "_fastnorm_inductor_under_compile"  # on a fused layer: under torch.compile, the class forward
+
+
+def _add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor):
+    """(norm(residual + x), residual + x), in one fused call where `norm` is a fastnorm norm that can take
+    it (no hooks, trailing dims, output in x's dtype), else as two steps."""
+    fused = (not (norm._forward_hooks or norm._forward_pre_hooks) and x.dtype == residual.dtype
+             and x.shape == residual.shape and getattr(norm, "dim", 0) is None
+             and not getattr(norm, "residual_in_fp32", True))
+    scale = norm.weight
+    if fused and type(norm) is PatchedRMSNorm:
+        fused = output_dtype(norm.dtype_rule, x.dtype, norm.weight.dtype) == x.dtype
+        if norm.weight_offset != 0:  # as rms_norm_variant: 1 + w in float32
+            scale = norm.weight.float() + norm.weight_offset
+    if fused and type(norm) in (PatchedRMSNorm, RMSNorm):
+        return rms_norm(x, norm.normalized_shape, scale, norm.eps, residual=residual)
+    if fused and type(norm) is LayerNorm:
+        return layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps, residual=residual)
+    hidden = residual + x
+    return norm(hidden), hidden
+
+
+def _decoder_layer_forward(self, hidden_states, *args, **kwargs):
+    if args or kwargs.get("output_attentions") or (vars(self).get(_INDUCTOR) and torch.compiler.is_compiling()):
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    attention = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+    if isinstance(attention, tuple):
+        attention = attention[0]
+    normed, hidden_states = _add_norm(self.post_attention_layernorm, attention, hidden_states)
+    return hidden_states + self.mlp(normed)
+
+
+def _looks_like_decoder_layer(module: nn.Module) -> Optional[str]:
+    """None if `module` has a Llama-style decoder layer's structure (children, a forward taking
+    hidden_states first, fastnorm norms in place), else why not. By structure, never by class name."""
+    if set(module._modules) != _DECODER_CHILDREN:
+        return "not a Llama-style decoder layer"
+    if _FUSED_FORWARD in vars(module):
+        return "already fused"
+    if "forward" in vars(module):
+        return "its forward is replaced on the instance (e.g. by accelerate)"
+    try:
+        names = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return "forward's signature cannot be read"
+    if names[:1] != ["hidden_states"]:
+        return f"forward{inspect.signature(module.forward)} does not take hidden_states first"
+    norm = module.post_attention_layernorm
+    if not isinstance(norm, (LayerNorm, RMSNorm)):
+        return "post_attention_layernorm was not replaced by a fastnorm norm"
+    head_dim = getattr(module.self_attn, "head_dim", None)
+    if not isinstance(head_dim, int) or not isinstance(module.post_attention_layernorm.weight, torch.Tensor):
+        return "self_attn has no head_dim, or the norm no weight: no probe"
+    return None
+
+
+def _probe_decoder_layer(layer: nn.Module) -> None:
+    """_Rejected unless _decoder_layer_forward gives the class forward's output (and the same tensor
+    type) on a random probe of 2 sequences of 8 positions, rotary embeddings included."""
+    weight = layer.post_attention_layernorm.weight
+    if weight.device.type == "meta":
+        raise _Rejected("parameters on the meta device: its forward cannot be checked (patch after loading weights)")
+    device, dtype, hidden = weight.device, weight.dtype, weight.shape[-1]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((2, 8, hidden), generator=gen).to(device, dtype)
+    angles = torch.randn((2, 8, layer.self_attn.head_dim), generator=gen).to(device, dtype)
+    kwargs = dict(attention_mask=None, position_ids=torch.arange(8, device=device).expand(2, 8),
+                  position_embeddings=(angles.cos(), angles.sin()))
+    outputs = []
+    for forward in (type(layer).forward, _decoder_layer_forward):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            torch.manual_seed(0)
+            try:
+                outputs.append(forward(layer, x, **kwargs))
+            except Exception as error:
+                raise _Rejected(f"forward failed on a probe of shape {tuple(x.shape)}: {error}") from None
+    expected, got = outputs
+    if not isinstance(expected, torch.Tensor):
+        raise _Rejected(f"forward returns {type(expected).__name__}, not a tensor (older transformers)")
+    if expected.shape != got.shape:
+        raise _Rejected("forward does not return a tensor of the fused forward's shape")
+    error = _max_error(got, expected)
+    if not error <= (3e-2 if dtype in _HALF else 1e-4):  # NaN fails too
+        raise _Rejected(f"its forward is not a Llama-style layer's: the fused forward differs by {error:.2g}")
+
+
+def _fuse_decoder_layers(model: nn.Module, under_compile: str, replaced: list, skipped: list) -> None:
+    """Install _decoder_layer_forward on each Llama-style decoder layer whose probe passed."""
+    for path, module in model.named_modules():
+        if "post_attention_layernorm" not in module._modules:
+            continue
+        why_not = _looks_like_decoder_layer(module)
+        if why_not is None:
+            try:
+                _probe_decoder_layer(module)
+            except _Rejected as why:
+                why_not = str(why)
+        if why_not is not None:
+            if why_not != "already fused":
+                skipped.append(Skipped(path or "(root)", _class_name(module), f"residual add not fused: {why_not}"))
+            continue
+        module.forward = types.MethodType(_decoder_layer_forward, module)
+        module.__dict__[_FUSED_FORWARD] = True
+        module.__dict__[_INDUCTOR] = under_compile == "inductor"
+        replaced.append(Replaced(path or "(root)", _class_name(module), f"{_class_name(module)} (fused forward)",
+                                 "residual add fused into post_attention_layernorm"))
+
+
+UNDER_COMPILE = ("inductor", "kernels")
+
 
 def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, family: bool = True,
-          fuse_silu: bool = True) -> PatchReport:
+          fuse_silu: bool = True, fuse_residual: bool = True, under_compile: str = "inductor") -> PatchReport:
     """Replace, in place, the LayerNorm and RMSNorm modules of `model` (and, with `family`, its BatchNorm,
     InstanceNorm and GroupNorm modules) by fastnorm modules holding the same Parameter and buffer
     objects; return a PatchReport of what was replaced and what was left and why. With `family` and
     `fuse_silu`, GroupNorm -> SiLU pairs run as one fused pass where the structure shows them (module
-    docstring). `unpatch(model)` puts the original modules (and forwards) back."""
+    docstring). With `fuse_residual`, Llama-style decoder layers add their attention output to the
+    residual inside post_attention_layernorm's kernel (_decoder_layer_forward).
+
+    `under_compile`: what the replaced LayerNorm / RMSNorm modules and fused layers run inside
+    torch.compile: "inductor" (PyTorch ops, which inductor fuses with the residual adds, casts and
+    gradient sums around each norm: a compiled patched model runs like the compiled original) or
+    "kernels" (fastnorm's kernels as custom ops). Eager calls always take fastnorm's kernels.
+    `unpatch(model)` puts the original modules (and forwards) back."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"fastnorm.patch expects a torch.nn.Module, got {type(model).__name__}")
+    if under_compile not in UNDER_COMPILE:
+        raise ValueError(f"under_compile must be one of {UNDER_COMPILE}, got {under_compile!r}")
     replaced, skipped = [], []
     if _replacement_or_reason(model, layer_norm, rms_norm, family)[0] is not None:
         skipped.append(Skipped("(root)", _class_name(model), "the model itself is a norm: patch a module that holds it"))
@@ -588,8 +719,12 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, f
             if note:
                 skipped.append(Skipped(path, _class_name(child), note))
             continue
+        if isinstance(new, (LayerNorm, RMSNorm)):
+            new.inductor_under_compile = under_compile == "inductor"
         setattr(parent, name, new)
         replaced.append(Replaced(path, _class_name(child), _class_name(new), note))
+    if fuse_residual:
+        _fuse_decoder_layers(model, under_compile, replaced, skipped)
     for path, block in blocks:
         block.forward = types.MethodType(_resnet_block_forward, block)
         block.__dict__[_FUSED_FORWARD] = True
@@ -619,5 +754,6 @@ def unpatch(model: nn.Module) -> List[str]:
     for path, module in model.named_modules():
         if vars(module).pop(_FUSED_FORWARD, None):
             vars(module).pop("forward", None)
+            vars(module).pop(_INDUCTOR, None)
             restored.append(path or "(root)")
     return restored
