@@ -216,22 +216,21 @@ def test_seed_solution_in_both_timing_modes(tmp_path):
     assert dev["loop_overhead_ms"] > 0.5 > host["loop_overhead_ms"], (dev, host)
 
 
-@pytest.mark.xfail(strict=False, reason="known gap of device timing: work on a stream that does not wait for the "
-                                        "caller's runs during the cover spin, before the start event; only the "
-                                        "floor check limits it")
-def test_side_stream_started_ahead_of_the_cover_is_caught():
-    """side_stream_no_wait does all its work on a stream that ignores the caller's, which device timing does not
-    see (a small problem: the floor check cannot help). With timing="host" it is timed in full."""
+def test_side_stream_started_ahead_of_the_cover_gains_nothing():
+    """side_stream_no_wait does all its work on a stream that ignores the caller's. Under torch.cuda._sleep's
+    one-thread spin that work ran before the start event, unseen by device timing (a small problem: the floor
+    check cannot help); the full cover holds every thread slot, so the work starts with the start event and
+    is timed in full, in both modes."""
     small = CANDIDATES / "ref_layer_norm_small.py"
     names = ["good_layer_norm", "side_stream_no_wait"]
-    host = evaluate(small, list(map(cand, names)), device="cuda", trials=2, perf_trials=30, timeout=300,
-                    timing="host").results
-    assert all(r.verdict == "ok" for r in host), [r.message for r in host]
-    assert host[1].cand_ms > 0.7 * host[0].cand_ms, (host[0].cand_ms, host[1].cand_ms)  # no gain there
-    device = evaluate(small, list(map(cand, names)), device="cuda", trials=2, perf_trials=30, timeout=300,
-                      timing="device").results
-    assert device[0].verdict == "ok", device[0].message
-    assert device[1].verdict != "ok", (device[0].cand_ms, device[1].cand_ms)
+    for mode in ("host", "device"):
+        results = evaluate(small, list(map(cand, names)), device="cuda", trials=2, perf_trials=30, timeout=300,
+                           timing=mode).results
+        assert results[0].verdict == "ok", (mode, results[0].message)
+        if results[1].verdict == "ok":
+            assert results[1].cand_ms > 0.7 * results[0].cand_ms, (mode, results[0].cand_ms, results[1].cand_ms)
+        if mode == "device":
+            assert results[1].cand_timing is None or results[1].cand_timing["mode"] == "device", results[1]
 
 
 @pytest.mark.slow

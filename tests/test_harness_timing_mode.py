@@ -125,6 +125,8 @@ class FakeCuda:
         monkeypatch.setattr(timing, "_cuda_synchronize", lambda: log.append("sync"))
         monkeypatch.setattr(timing, "flush_cache", lambda device: log.append("flush"))
         monkeypatch.setattr(timing, "_gpu_sleep", (lambda cycles: log.append("spin")) if sleep else None)
+        cover = (lambda: log.append("cover")) if sleep == "full" else None
+        monkeypatch.setattr(timing, "_full_cover", lambda device: cover)
         monkeypatch.setattr(timing, "_Event", Event)
         monkeypatch.setattr(timing, "_event_record", lambda event, stream: log.append("record"))
         monkeypatch.setattr(timing, "_event_synchronize", lambda event: log.append("wait"))
@@ -149,8 +151,9 @@ TRIAL_TAIL = ["s", "record", "call", "record", "wait", "e", "sync"]  # announce,
 
 
 @pytest.mark.parametrize("include_host,sleep,head", [
-    (False, True, ["sync", "flush", "spin"]),   # device: idle, flush, ~1 ms spin, then the announced call
-    (False, False, ["sync", "flush"]),          # device without torch.cuda._sleep: the flush alone covers
+    (False, "full", ["sync", "cover"]),         # device: idle, then flush + spin on every SM in one kernel
+    (False, True, ["sync", "flush", "spin"]),   # no CUDA compiler: flush, torch.cuda._sleep's ~1 ms spin
+    (False, False, ["sync", "flush"]),          # neither: the flush alone covers
     (True, True, ["flush", "sync"]),            # host: the device idle when the call is announced
 ])
 def test_cuda_loop_queues_the_cover_ahead_of_each_announced_call(monkeypatch, include_host, sleep, head):
@@ -161,7 +164,7 @@ def test_cuda_loop_queues_the_cover_ahead_of_each_announced_call(monkeypatch, in
     assert stats.median_ms == 0.25 and len(stats.tails_ms) == 2
     assert log == ["call", "sync"] + (head + TRIAL_TAIL) * 2
     assert timing.effective_timing(CUDA, include_host) == (
-        "host" if include_host else "device" if sleep else "device, flush cover only")
+        "host" if include_host else {"full": "device", True: "device, sleep cover", False: "device, flush cover only"}[sleep])
 
 
 def test_effective_timing_on_cpu_and_without_a_flush():

@@ -10,6 +10,7 @@ matplotlib (`pip install "fastnorm[plot]"`), PNG charts of % of copy per row and
 (exit 1 where a row got slower), `--compare` does so for two JSONs without running anything.
 """
 import argparse
+import functools
 import json
 import math
 import sys
@@ -203,20 +204,22 @@ def run_family_suite(device: torch.device, args, use_compile: bool) -> int:
     if device.type != "cuda":
         log("the family suite runs the problems at their real sizes (4 to 8.6 GB inputs): it needs a CUDA device")
         return 2
-    from fastnorm.harness.timing import copy_bandwidth
+    from fastnorm.harness.timing import copy_bandwidth, time_callable
 
-    copy_bw = copy_bandwidth(device, COPY_BYTES[device.type])
-    log(f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s (device-to-device, read + write)")
+    include_host = args.timing == "host"  # like the other suites: device time unless --timing host
+    copy_bw = copy_bandwidth(device, COPY_BYTES[device.type], include_host=include_host)
+    log(f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s (device-to-device, read + write); {args.timing} timing")
     reps = args.trials or (10 if args.quick else 30)
     rows = family_suite.run(device, Path("problems"), Path("solutions"), reps=reps, use_compile=use_compile,
-                            copy_bw=copy_bw, log=log)
+                            copy_bw=copy_bw, log=log,
+                            timer=functools.partial(time_callable, include_host=include_host))
     if rows is None:
         return 2
     log("")
     log(family_suite.format_rows(rows, markdown=args.markdown))
     json_path = (args.json if args.json and args.suite == ["family"] else
                  Path("benchmarks/results") / f"bench-{report.slug(report.device_name(device))}-family.json")
-    report.write_json(family_suite.to_json(device, rows, copy_bw), json_path)
+    report.write_json(family_suite.to_json(device, rows, copy_bw, args.timing), json_path)
     log(f"wrote {json_path}")
     return 1 if any(not r.ok for r in rows) else 0
 

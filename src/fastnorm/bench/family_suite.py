@@ -151,11 +151,11 @@ def format_rows(rows: List[FamilyRow], markdown: bool = False) -> str:
                      for cells in [header] + lines)
 
 
-def to_json(device: torch.device, rows: List[FamilyRow], copy_bw: float) -> dict:
+def to_json(device: torch.device, rows: List[FamilyRow], copy_bw: float, timing: str = "device") -> dict:
     from fastnorm.bench import report
 
     return {"suite": "family", "device": report.device_name(device), "torch": torch.__version__,
             "fastnorm_commit": report.git_commit(Path(__file__).resolve().parent),
-            "copy_bandwidth_gbs": copy_bw / 1e9,
+            "copy_bandwidth_gbs": copy_bw / 1e9, "timing": timing,
             "rows": [dict(asdict(r), speedup_vs_eager=r.speedup(r.eager_ms),
                           speedup_vs_compile=r.speedup(r.compile_ms)) for r in rows]}

@@ -24,7 +24,7 @@ class Baseline:
     copy_bw_same_size: float | None = None   # a copy of min_bytes / 2, same cache flush as the timings
     compiled_timing: dict | None = None
     compile_error: str | None = None
-    timing_mode: str | None = None   # timing.effective_timing: "device", "host", "device, flush cover only", "cpu"
+    timing_mode: str | None = None   # timing.effective_timing: "device", "host", "device, sleep cover", ...
 
     @property
     def floor_ms(self) -> float:
@@ -178,8 +178,10 @@ class BatchReport:
 
 
 def _timing_words(mode: str | None) -> str:
-    words = {"device": "device time (each call issued behind the L2 flush and a ~1 ms spin; --timing host "
-                       "counts its host time too)",
+    words = {"device": "device time (each call issued behind the L2 flush and a ~1 ms spin on every SM; "
+                       "--timing host counts its host time too)",
+             "device, sleep cover": "device time, the host's issuing hidden behind the L2 flush and "
+                                    "torch.cuda._sleep (no CUDA compiler for the full cover)",
              "device, flush cover only": "device time, the host's issuing hidden behind the L2 flush only (this "
                                          "torch has no torch.cuda._sleep)",
              "host": "host time counted (the device idle when each call starts)",

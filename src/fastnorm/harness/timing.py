@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from fastnorm.harness import timing_cover
+
 _perf_counter = time.perf_counter
 _EventBase = getattr(torch._C, "_CudaEventBase", None)  # a placeholder type in CPU-only builds
 _event_record = getattr(_EventBase, "record", None)
@@ -44,13 +46,25 @@ def include_host_for(mode: str) -> bool:
 def effective_timing(device, include_host: bool, flush_l2: bool = True) -> str:
     """What time_callable measures on `device` with these settings, in words for reports: "host" (the device
     is idle when the call starts: its host time counts), "device" (issued behind the L2 flush and a ~1 ms
-    spin: device time), "device, flush cover only" (this torch has no torch.cuda._sleep: the flush alone
-    covers the host's issuing, as in triton's do_bench), or "cpu" (wall clock; include_host means nothing)."""
+    spin on every thread slot: device time; timing_cover.py), "device, sleep cover" (no CUDA compiler for
+    that cover: torch.cuda._sleep's one-thread spin, beside which another stream's work can hide),
+    "device, flush cover only" (neither: the flush alone covers the host's issuing, as in triton's
+    do_bench), or "cpu" (wall clock; include_host means nothing)."""
     if torch.device(device).type != "cuda":
         return "cpu"
     if include_host or not flush_l2:
         return "host"
-    return "device" if _gpu_sleep is not None else "device, flush cover only"
+    if _full_cover(torch.device(device)) is not None:
+        return "device"
+    return "device, sleep cover" if _gpu_sleep is not None else "device, flush cover only"
+
+
+def _full_cover(device: torch.device):
+    """timing_cover.full_cover for `device` (its flush buffer), or None (see there)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return timing_cover.full_cover(device, _flush_buffer(device))
 
 
 class TrialHooks:
@@ -121,8 +135,11 @@ def time_callable(fn: Callable[[], object], *, device: torch.device, trials: int
     so its host-side time (Python, argument checks, launches) hides behind the flush as it would behind
     earlier work in a GPU-bound program, and the events measure device time (triton's do_bench does this).
     A spin of about a millisecond is queued after the flush too: a training step's host work (autograd,
-    a Python backward) outlasts the flush alone and would otherwise count as device time. (Without
-    torch.cuda._sleep in this build, the flush alone covers: see effective_timing.) Each such trial starts
+    a Python backward) outlasts the flush alone and would otherwise count as device time. Flush and spin
+    are one kernel holding every thread slot of every SM (timing_cover.py), so work fn() puts on a stream
+    that does not wait for the current one cannot run under the cover: it starts with the start event and
+    shows in the tail. (Without it, torch.cuda._sleep or the flush alone cover: see effective_timing.)
+    Each such trial starts
     with a synchronize before the flush, so what is queued ahead of the start event is always the flush and
     the spin, never work the previous trial's hooks left (fastnorm eval's judge times the whole of it).
     CPU: perf_counter around fn(), the last-level cache flushed the same way.
@@ -153,6 +170,7 @@ def _time_cuda(fn, device, trials, warmup, flush_l2, include_host, hooks) -> Tim
         starts = [_Event(enable_timing=True) for _ in range(trials)]
         ends = [_Event(enable_timing=True) for _ in range(trials)]
         tails_ms = []
+        cover = None if include_host or not flush_l2 else _full_cover(device)
         for trial, (start, end) in enumerate(zip(starts, ends)):
             if include_host or not flush_l2:  # with nothing queued before it, host time always counts
                 if flush_l2:
@@ -163,9 +181,12 @@ def _time_cuda(fn, device, trials, warmup, flush_l2, include_host, hooks) -> Tim
                 # in every trial and in the judge's calibration (hooks may have queued work, e.g. the scrub of
                 # the previous output, which would lengthen it by a varying amount).
                 _cuda_synchronize()
-                flush_cache(device)
-                if _gpu_sleep is not None:  # keep the device busy while the host issues fn() (see docstring)
-                    _gpu_sleep(_HOST_COVER_CYCLES)
+                if cover is not None:  # flush + spin on every thread slot: nothing else starts under it
+                    cover()
+                else:
+                    flush_cache(device)
+                    if _gpu_sleep is not None:  # keep the device busy while the host issues fn() (see docstring)
+                        _gpu_sleep(_HOST_COVER_CYCLES)
             if hooks is None:
                 _event_record(start, stream)
                 fn()
