@@ -127,6 +127,7 @@ class FakeCuda:
         monkeypatch.setattr(timing, "_gpu_sleep", (lambda cycles: log.append("spin")) if sleep else None)
         cover = (lambda: log.append("cover")) if sleep == "full" else None
         monkeypatch.setattr(timing, "_full_cover", lambda device: cover)
+        monkeypatch.setattr(timing.timing_cover, "available", lambda: cover is not None)
         monkeypatch.setattr(timing, "_Event", Event)
         monkeypatch.setattr(timing, "_event_record", lambda event, stream: log.append("record"))
         monkeypatch.setattr(timing, "_event_synchronize", lambda event: log.append("wait"))

@@ -54,7 +54,7 @@ def effective_timing(device, include_host: bool, flush_l2: bool = True) -> str:
         return "cpu"
     if include_host or not flush_l2:
         return "host"
-    if _full_cover(torch.device(device)) is not None:
+    if timing_cover.available():  # no CUDA call: the judge's process reports this without touching the GPU
         return "device"
     return "device, sleep cover" if _gpu_sleep is not None else "device, flush cover only"
 

@@ -18,7 +18,7 @@ from fastnorm.harness.isolation import fastnorm_builds_dir
 
 SOURCE = Path(__file__).resolve().parent.parent / "kernels" / "timing_cover.cuh"
 COVER_CYCLES = 2_000_000  # about 1 ms at the H100's clocks: longer than any candidate's host issuing
-_DECLARATION = "void timing_cover(torch::Tensor flush, int64_t blocks, int64_t cycles);"
+_DECLARATION = "void timing_cover(torch::Tensor flush, torch::Tensor arrivals, int64_t blocks, int64_t cycles);"
 
 
 def _name(text: str) -> str:
@@ -39,17 +39,30 @@ def _module():
 
 
 @functools.lru_cache(maxsize=None)
-def full_cover(device: torch.device, flush: torch.Tensor) -> Callable[[], None] | None:
-    """A callable queuing the cover on `device`'s current stream (overwriting `flush`), or None."""
-    if device.type != "cuda" or os.environ.get("FASTNORM_TIMING_COVER") == "sleep":
+def _loaded():
+    """The built module, or None (said once) where it cannot be built or FASTNORM_TIMING_COVER=sleep."""
+    if os.environ.get("FASTNORM_TIMING_COVER") == "sleep":
         return None
     try:
-        module = _module()
-    except Exception as error:  # no nvcc, a failed build: the weaker cover, said once
+        return _module()
+    except Exception as error:  # no nvcc, a failed build: the weaker cover
         print(f"fastnorm: the full timing cover could not be built ({type(error).__name__}: "
               f"{str(error).strip()[:200]}); device timing covers with torch.cuda._sleep", file=sys.stderr)
         return None
+
+
+def available() -> bool:
+    """Whether device timing here gets the full cover (builds it if needed; touches no GPU)."""
+    return torch.cuda.is_available() and _loaded() is not None
+
+
+@functools.lru_cache(maxsize=None)
+def full_cover(device: torch.device, flush: torch.Tensor) -> Callable[[], None] | None:
+    """A callable queuing the cover on `device`'s current stream (overwriting `flush`), or None."""
+    module = _loaded() if device.type == "cuda" else None
+    if module is None:
+        return None
     props = torch.cuda.get_device_properties(device)
     blocks = props.multi_processor_count * max(1, props.max_threads_per_multi_processor // 1024)
-    launch = module.timing_cover
-    return lambda: launch(flush, blocks, COVER_CYCLES)
+    launch, arrivals = module.timing_cover, torch.zeros(1, dtype=torch.long, device=device)
+    return lambda: launch(flush, arrivals, blocks, COVER_CYCLES)
