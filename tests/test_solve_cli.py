@@ -97,3 +97,23 @@ def test_final_check_timed_runs_fit_a_budget_on_cpu():
     assert default_perf_trials(cpu, 1.0, 0.5) == 100               # short calls: capped at 100
     assert default_perf_trials(cpu, 60.0, 50.0) == int(CPU_TIMING_BUDGET_MS / 60.0)
     assert default_perf_trials(cpu, None, None) == 100             # nothing timed: the old default
+
+
+def test_a_lone_launch_configuration_is_timed_briefly(tmp_path, monkeypatch):
+    """On the CPU there is one launch configuration: nothing to choose, so the tuning times SINGLE_CONFIG_RUNS
+    runs of each model (for the final check's budget), not tune_trials."""
+    from fastnorm.solve import solver
+
+    runs = []
+    real_tune = solver.tune
+
+    def counting_tune(*args, **kwargs):
+        runs.append(kwargs["trials"])
+        return real_tune(*args, **kwargs)
+
+    monkeypatch.setattr(solver, "tune", counting_tune)
+    lines = []
+    result = solve(PROBLEMS_DIR / "linear_norm_linear.py", tmp_path / "solution.py", device="cpu", tune_trials=20,
+                   log=lines.append, verify=lambda *a, **k: Verification(True, "ok", speedup=1.0))
+    assert runs == [solver.SINGLE_CONFIG_RUNS] and result.reference_ms > 0
+    assert any("1 launch configuration" in line and "nothing to choose" in line for line in lines), lines

@@ -542,25 +542,32 @@ def _probe_resnet_block(block: nn.Module) -> None:
         raise _Rejected(f"its forward is not ResnetBlock2D's: the fused forward differs by {error:.2g} (relative)")
 
 
-def _resnet_blocks(model: nn.Module, skipped: list) -> list:
-    """(path, block) of every ResnetBlock2D-shaped module (the model itself included) whose probe passed."""
-    blocks, seen = [], set()
-    for path, module in model.named_modules():
-        if id(module) in seen or "nonlinearity" not in module._modules:
+def _fusable(model: nn.Module, has_slot, looks_like, probe, fusion: str, skipped: list, reported=None) -> list:
+    """(path, module) of each module of `model` (itself included) with `has_slot(module)` whose structure
+    check `looks_like` (None or why not) and `probe` (raises _Rejected) pass; the others go to `skipped` as
+    "<fusion> not fused: why" where `reported(module)` (default: all), unless already fused."""
+    found = []
+    for path, module in model.named_modules():  # each module once, shared ones too
+        if not has_slot(module):
             continue
-        seen.add(id(module))
-        why_not = _looks_like_resnet_block(module)
+        why_not = looks_like(module)
         if why_not is None:
             try:
-                _probe_resnet_block(module)
+                probe(module)
             except _Rejected as why:
                 why_not = str(why)
             else:
-                blocks.append((path or "(root)", module))
+                found.append((path or "(root)", module))
                 continue
-        if "norm1" in module._modules and why_not != "already fused":
-            skipped.append(Skipped(path or "(root)", _class_name(module), f"GroupNorm + SiLU not fused: {why_not}"))
-    return blocks
+        if (reported is None or reported(module)) and why_not != "already fused":
+            skipped.append(Skipped(path or "(root)", _class_name(module), f"{fusion} not fused: {why_not}"))
+    return found
+
+
+def _resnet_blocks(model: nn.Module, skipped: list) -> list:
+    """(path, block) of every ResnetBlock2D-shaped module (the model itself included) whose probe passed."""
+    return _fusable(model, lambda m: "nonlinearity" in m._modules, _looks_like_resnet_block, _probe_resnet_block,
+                    "GroupNorm + SiLU", skipped, reported=lambda m: "norm1" in m._modules)
 
 # transformers' pre-norm decoder layers (Llama, Qwen2, Qwen3, Mistral and their kind) compute
 #   residual = h; h = self_attn(hidden_states=input_layernorm(h), <the forward's other arguments by name>)
@@ -659,23 +666,13 @@ def _probe_decoder_layer(layer: nn.Module) -> None:
 
 def _fuse_decoder_layers(model: nn.Module, under_compile: str, replaced: list, skipped: list) -> None:
     """Install _decoder_layer_forward on each Llama-style decoder layer whose probe passed."""
-    for path, module in model.named_modules():
-        if "post_attention_layernorm" not in module._modules:
-            continue
-        why_not = _looks_like_decoder_layer(module)
-        if why_not is None:
-            try:
-                _probe_decoder_layer(module)
-            except _Rejected as why:
-                why_not = str(why)
-        if why_not is not None:
-            if why_not != "already fused":
-                skipped.append(Skipped(path or "(root)", _class_name(module), f"residual add not fused: {why_not}"))
-            continue
+    layers = _fusable(model, lambda m: "post_attention_layernorm" in m._modules, _looks_like_decoder_layer,
+                      _probe_decoder_layer, "residual add", skipped)
+    for path, module in layers:
         module.forward = types.MethodType(_decoder_layer_forward, module)
         module.__dict__[_FUSED_FORWARD] = True
         module.__dict__[_INDUCTOR] = under_compile == "inductor"
-        replaced.append(Replaced(path or "(root)", _class_name(module), f"{_class_name(module)} (fused forward)",
+        replaced.append(Replaced(path, _class_name(module), f"{_class_name(module)} (fused forward)",
                                  "residual add fused into post_attention_layernorm"))
 
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastnorm.build_env import BUILDS_ENV, env_build_root
+
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `fastnorm` package
 _POLL_S = 0.05
 SHM_MIN_FREE_BYTES = 4 << 30
@@ -36,7 +38,7 @@ class ChildOutcome:
     stage_s: dict | None = None  # seconds from each announced stage to the next ("spawn": until the first)
 
 
-FASTNORM_BUILDS_ENV = "FASTNORM_EXTENSIONS_DIR"  # read by fastnorm/ops/extension.py
+FASTNORM_BUILDS_ENV = BUILDS_ENV  # read by fastnorm/ops/extension.py
 
 
 def fastnorm_builds_dir(env: dict) -> Path:
@@ -44,9 +46,9 @@ def fastnorm_builds_dir(env: dict) -> Path:
     for every judge, not the candidate's, so that only the first judge compiles them (25 s a candidate on
     the H100). This process's FASTNORM_EXTENSIONS_DIR or TORCH_EXTENSIONS_DIR, else a fastnorm cache folder.
     Safe to share: a build's name hashes its sources, flags and torch version."""
-    for var in (FASTNORM_BUILDS_ENV, "TORCH_EXTENSIONS_DIR"):
-        if env.get(var):
-            return Path(env[var])
+    root = env_build_root(env)
+    if root is not None:
+        return root
     cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "fastnorm" / "extensions"
 

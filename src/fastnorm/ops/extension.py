@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from fastnorm import kernels
+from fastnorm.build_env import BUILDS_ENV, env_build_root
 
 _lock = threading.Lock()
 _loaded = {}
@@ -29,14 +30,11 @@ def _flags(device_type: str):
 # TORCH_EXTENSIONS_DIR at the candidate's own folder (candidates' load_inline names may clash) and this at
 # one folder for all judges (harness/isolation.py fastnorm_builds_dir), so that a package-backed candidate
 # loads fastnorm's build instead of compiling it again. A build's name hashes its sources: never stale.
-BUILD_DIR_ENV = "FASTNORM_EXTENSIONS_DIR"
+BUILD_DIR_ENV = BUILDS_ENV
 
 
 def _env_root() -> Path | None:
-    for var in (BUILD_DIR_ENV, "TORCH_EXTENSIONS_DIR"):
-        if os.environ.get(var):
-            return Path(os.environ[var])
-    return None
+    return env_build_root(os.environ)
 
 
 def _build_root() -> Path:
