@@ -189,3 +189,22 @@ def test_patch_leaves_subclasses():
 
     model = nn.Sequential(MyBatchNorm(4), nn.SyncBatchNorm(4))
     assert fastnorm.patch(model).replaced == []
+
+
+
+def test_parameters_take_the_direct_call():
+    """A module's Parameters are plain tensors to direct_call_ok: under no_grad a family module calls its
+    kernel directly (the op's dispatch is host time a small call cannot spare); with autograd it records."""
+    from fastnorm.ops.direct import direct_call_ok
+
+    weight = nn.Parameter(torch.ones(4))
+    with torch.no_grad():
+        assert direct_call_ok(torch.ones(2), weight)
+    assert not direct_call_ok(torch.ones(2), weight)  # grad enabled and the Parameter requires grad
+    assert direct_call_ok(torch.ones(2), nn.Parameter(torch.ones(4), requires_grad=False))
+
+    class Subclass(torch.Tensor):
+        pass
+
+    with torch.no_grad():
+        assert not direct_call_ok(torch.ones(2).as_subclass(Subclass))  # subclasses may intercept: dispatch

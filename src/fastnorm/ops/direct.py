@@ -10,6 +10,11 @@ if _dispatch_modes is None:  # older torch
         return _get_current_dispatch_mode() is not None
 
 
+# nn.Parameter overrides nothing (its __torch_function__ is the disabled one), so a module's weight and
+# bias are as plain as tensors here: without it every family module call went through the dispatcher.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def direct_call_ok(*tensors) -> bool:
     """True when the custom op's dispatch would add nothing: no autograd to record, no tracing or
     dispatch mode, plain tensors. Then the kernel is called directly, saving microseconds of host
@@ -20,6 +25,6 @@ def direct_call_ok(*tensors) -> bool:
     for t in tensors:
         if t is None:
             continue
-        if type(t) is not torch.Tensor or (grad and t.requires_grad) or _is_wrapped(t):
+        if type(t) not in _PLAIN or (grad and t.requires_grad) or _is_wrapped(t):
             return False
     return True
