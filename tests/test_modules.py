@@ -135,3 +135,21 @@ def test_modules_train_like_torch():
         opt.step()
     for (name, p), q in zip(ours.named_parameters(), theirs.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_rms_norm_reference_the_compiled_path_traces(dtype):
+    """What patched RMSNorm modules trace to under torch.compile (under_compile="inductor"): RMSNorm in
+    float32 or wider against float64, with Gemma's offset, rounded once to the asked dtype."""
+    from fastnorm.modules import rms_norm_reference
+
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(5, 7, 16, generator=gen) * 3 + 1).to(dtype)
+    w = torch.randn(7, 16, generator=gen).to(dtype)
+    xd, wd = x.double(), w.double()
+    expected = xd / torch.sqrt(xd.pow(2).mean((-2, -1), keepdim=True) + 1e-6) * (wd + 1.0)
+    y = rms_norm_reference(x, (7, 16), w, 1e-6, weight_offset=1.0)
+    assert y.dtype == dtype
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    assert (y.double() - expected).abs().max().item() <= tol * expected.abs().max().item()
+    assert rms_norm_reference(x, (7, 16), None, None, out_dtype=torch.float64).dtype == torch.float64

@@ -50,14 +50,15 @@ class LayerNorm(_InductorUnderCompile, nn.LayerNorm):
 
 
 def rms_norm_reference(x, normalized_shape, weight, eps, weight_offset: float = 0.0, out_dtype=None):
-    """RMSNorm in PyTorch ops (float32 statistics, one rounding to `out_dtype`, default x's dtype): what
-    patched modules trace to under torch.compile (see _InductorUnderCompile)."""
+    """RMSNorm in PyTorch ops (statistics in float32 or wider, one rounding to `out_dtype`, default x's
+    dtype): what patched modules trace to under torch.compile (see _InductorUnderCompile)."""
     dims = tuple(range(-len(normalized_shape), 0))
-    xf = x.float()
+    wide = torch.promote_types(x.dtype, torch.float32)  # float64 stays float64
+    xf = x.to(wide)
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     y = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
     if weight is not None:
-        y = y * (weight.float() + weight_offset)
+        y = y * (weight.to(wide) + weight_offset)
     return y.to(x.dtype if out_dtype is None else out_dtype)
 
 

@@ -1,4 +1,4 @@
-"""The device-timing cover: kernels/timing_cover.cuh, built on first use (about 20 s, then cached in
+"""The device-timing cover: kernels/timing_cover.cuh, built on first use (40-65 s on the H100, then cached in
 fastnorm's build folder, shared by every judge), as a callable that queues the L2 flush and a ~1 ms spin
 holding every thread slot of every SM (see the .cuh). None where it cannot be built (no CUDA compiler):
 timing.py then covers with torch.cuda._sleep, a one-thread spin beside which a kernel of another stream
@@ -34,6 +34,9 @@ def _module():
     build_dir.mkdir(parents=True, exist_ok=True)
     from torch.utils.cpp_extension import load_inline
 
+    if not any(build_dir.glob(f"{name}*.so")):
+        print(f"fastnorm: building the device-timing cover in {build_dir} (first use only, under a minute)...",
+              file=sys.stderr, flush=True)
     return load_inline(name, cpp_sources=[_DECLARATION], cuda_sources=[text], functions=["timing_cover"],
                        build_directory=str(build_dir), extra_cuda_cflags=["-O2"], verbose=False)
 
