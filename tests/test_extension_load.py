@@ -3,6 +3,7 @@ torch.utils.cpp_extension (and the setuptools it pulls in, 0.15 s of the first c
 import subprocess
 import sys
 
+from fastnorm.build_env import BUILDS_ENV
 from fastnorm.ops import extension
 
 CHILD = """
@@ -24,7 +25,7 @@ def test_a_cached_build_loads_without_cpp_extension():
 
 def test_the_guessed_root_is_cpp_extensions_own(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-    monkeypatch.delenv(extension.BUILD_DIR_ENV, raising=False)
+    monkeypatch.delenv(BUILDS_ENV, raising=False)
     # Keep torch from creating folders in the user's cache: point the cache home at tmp_path.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert extension._guessed_build_root() == extension._build_root()
@@ -36,5 +37,5 @@ def test_fastnorm_extensions_dir_comes_before_torchs(monkeypatch, tmp_path):
     """fastnorm eval gives each judge the candidate's TORCH_EXTENSIONS_DIR and one FASTNORM_EXTENSIONS_DIR
     for fastnorm's own build: fastnorm builds and looks in the latter."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "candidate"))
-    monkeypatch.setenv(extension.BUILD_DIR_ENV, str(tmp_path / "fastnorm"))
+    monkeypatch.setenv(BUILDS_ENV, str(tmp_path / "fastnorm"))
     assert extension._guessed_build_root() == extension._build_root() == tmp_path / "fastnorm"

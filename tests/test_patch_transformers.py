@@ -36,7 +36,7 @@ LAYERS = ["model.layers.0", "model.layers.1"]
 
 def split_report(report):
     """(paths of replaced norms, paths of layers given a fused forward)."""
-    fused = [r.path for r in report.replaced if r.replacement.endswith("(fused forward)")]
+    fused = [r.path for r in report.fused]
     return [r.path for r in report.replaced if r.path not in fused], fused
 
 

@@ -58,13 +58,17 @@ def output_dtype(rule: str, x_dtype: torch.dtype, weight_dtype: torch.dtype) -> 
 DTYPE_RULES = ("input", "promote", "half_weight")
 
 
+def _variant_scale(weight, weight_offset: float):
+    """The scale of an RMSNorm variant: weight, or weight + offset in fp32 (Gemma: 1 + w in bf16 would lose
+    w); a temporary of one row, the parameter untouched and given its gradient through it."""
+    return weight if weight_offset == 0 else weight.float() + weight_offset
+
+
 def rms_norm_variant(x, normalized_shape, weight, eps, weight_offset: float = 0.0, dtype_rule: str = "input"):
     """RMSNorm of x scaled by `weight + weight_offset`, returning the dtype `dtype_rule` gives (see
     output_dtype). With matching dtypes it is one fused fastnorm call; mixed dtypes round where the
     variant they imitate rounds."""
-    # Gemma adds the offset in fp32 (1 + w in bf16 would lose w); a temporary of one row, the
-    # parameter is untouched and gets its gradient through it.
-    scale = weight if weight_offset == 0 else weight.float() + weight_offset
+    scale = _variant_scale(weight, weight_offset)
     out = output_dtype(dtype_rule, x.dtype, weight.dtype)
     if out == x.dtype:
         return rms_norm(x, normalized_shape, scale, eps)
@@ -104,6 +108,9 @@ class PatchedRMSNorm(RMSNorm):
         return f"{super().extra_repr()}, weight_offset={self.weight_offset}, dtype_rule={self.dtype_rule!r}"
 
 
+_FUSED_SUFFIX = " (fused forward)"  # a Replaced entry's replacement: a block given a fused forward
+
+
 class Replaced(NamedTuple):
     path: str
     original: str  # class name
@@ -123,6 +130,11 @@ class PatchReport:
     def __init__(self, replaced: List[Replaced], skipped: List[Skipped]):
         self.replaced = replaced
         self.skipped = skipped
+
+    @property
+    def fused(self) -> List[Replaced]:
+        """The entries of `replaced` that are blocks or layers given a fused forward (not norm modules)."""
+        return [r for r in self.replaced if r.replacement.endswith(_FUSED_SUFFIX)]
 
     def __str__(self) -> str:
         lines = [f"fastnorm.patch: replaced {len(self.replaced)} module(s), left {len(self.skipped)}"]
@@ -526,20 +538,31 @@ def _probe_resnet_block(block: nn.Module) -> None:
         if not isinstance(features, int):
             raise _Rejected("time_emb_proj has no in_features: no probe for temb")
         temb = torch.randn((2, features), generator=gen).to(device, dtype)
+    _check_fused_forward(block, _resnet_block_forward, (x, temb), {}, "ResnetBlock2D's")
+
+
+def _check_fused_forward(module: nn.Module, fused_forward, args: tuple, kwargs: dict, kind: str,
+                         not_tensor: str = "") -> None:
+    """_Rejected unless fused_forward(module, *args, **kwargs) gives the class forward's tensor (same random
+    state for both runs, so dropout in training mode draws the same mask), within a rounding of args[0]'s
+    dtype. kind names what the class forward should be; not_tensor is said where it returns no tensor."""
+    x = args[0]
     outputs = []
-    for forward in (type(block).forward, _resnet_block_forward):
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+    for forward in (type(module).forward, fused_forward):
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []), torch.no_grad():
             torch.manual_seed(0)
             try:
-                outputs.append(forward(block, x, temb))
+                outputs.append(forward(module, *args, **kwargs))
             except Exception as error:
                 raise _Rejected(f"forward failed on a probe of shape {tuple(x.shape)}: {error}") from None
     expected, got = outputs
-    if not isinstance(expected, torch.Tensor) or expected.shape != got.shape:
+    if not isinstance(expected, torch.Tensor):
+        raise _Rejected(f"forward returns {type(expected).__name__}, not a tensor{not_tensor}")
+    if expected.shape != got.shape:
         raise _Rejected("forward does not return a tensor of the fused forward's shape")
     error = _max_error(got, expected)
-    if not error <= (3e-2 if dtype in _HALF else 1e-4):  # NaN fails too
-        raise _Rejected(f"its forward is not ResnetBlock2D's: the fused forward differs by {error:.2g} (relative)")
+    if not error <= (3e-2 if x.dtype in _HALF else 1e-4):  # NaN fails too
+        raise _Rejected(f"its forward is not {kind}: the fused forward differs by {error:.2g} (relative)")
 
 
 def _fusable(model: nn.Module, has_slot, looks_like, probe, fusion: str, skipped: list, reported=None) -> list:
@@ -584,20 +607,18 @@ _INDUCTOR = "_fastnorm_inductor_under_compile"  # on a fused layer: under torch.
 def _add_norm(norm: nn.Module, x: torch.Tensor, residual: torch.Tensor):
     """(norm(residual + x), residual + x), in one fused call where `norm` is a fastnorm norm that can take
     it (no hooks, trailing dims, output in x's dtype), else as two steps."""
-    fused = (not (norm._forward_hooks or norm._forward_pre_hooks) and x.dtype == residual.dtype
-             and x.shape == residual.shape and getattr(norm, "dim", 0) is None
-             and not getattr(norm, "residual_in_fp32", True))
-    scale = norm.weight
+    fused = (type(norm) in (PatchedRMSNorm, RMSNorm, LayerNorm) and norm.dim is None and not norm.residual_in_fp32
+             and not (norm._forward_hooks or norm._forward_pre_hooks)
+             and x.dtype == residual.dtype and x.shape == residual.shape)
     if fused and type(norm) is PatchedRMSNorm:
         fused = output_dtype(norm.dtype_rule, x.dtype, norm.weight.dtype) == x.dtype
-        if norm.weight_offset != 0:  # as rms_norm_variant: 1 + w in float32
-            scale = norm.weight.float() + norm.weight_offset
-    if fused and type(norm) in (PatchedRMSNorm, RMSNorm):
-        return rms_norm(x, norm.normalized_shape, scale, norm.eps, residual=residual)
-    if fused and type(norm) is LayerNorm:
+    if not fused:
+        hidden = residual + x
+        return norm(hidden), hidden
+    if type(norm) is LayerNorm:
         return layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps, residual=residual)
-    hidden = residual + x
-    return norm(hidden), hidden
+    scale = _variant_scale(norm.weight, getattr(norm, "weight_offset", 0.0))
+    return rms_norm(x, norm.normalized_shape, scale, norm.eps, residual=residual)
 
 
 def _decoder_layer_forward(self, hidden_states, *args, **kwargs):
@@ -646,22 +667,8 @@ def _probe_decoder_layer(layer: nn.Module) -> None:
     angles = torch.randn((2, 8, layer.self_attn.head_dim), generator=gen).to(device, dtype)
     kwargs = dict(attention_mask=None, position_ids=torch.arange(8, device=device).expand(2, 8),
                   position_embeddings=(angles.cos(), angles.sin()))
-    outputs = []
-    for forward in (type(layer).forward, _decoder_layer_forward):
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-            torch.manual_seed(0)
-            try:
-                outputs.append(forward(layer, x, **kwargs))
-            except Exception as error:
-                raise _Rejected(f"forward failed on a probe of shape {tuple(x.shape)}: {error}") from None
-    expected, got = outputs
-    if not isinstance(expected, torch.Tensor):
-        raise _Rejected(f"forward returns {type(expected).__name__}, not a tensor (older transformers)")
-    if expected.shape != got.shape:
-        raise _Rejected("forward does not return a tensor of the fused forward's shape")
-    error = _max_error(got, expected)
-    if not error <= (3e-2 if dtype in _HALF else 1e-4):  # NaN fails too
-        raise _Rejected(f"its forward is not a Llama-style layer's: the fused forward differs by {error:.2g}")
+    _check_fused_forward(layer, _decoder_layer_forward, (x,), kwargs, "a Llama-style layer's",
+                         not_tensor=" (older transformers)")
 
 
 def _fuse_decoder_layers(model: nn.Module, under_compile: str, replaced: list, skipped: list) -> None:
@@ -672,7 +679,7 @@ def _fuse_decoder_layers(model: nn.Module, under_compile: str, replaced: list, s
         module.forward = types.MethodType(_decoder_layer_forward, module)
         module.__dict__[_FUSED_FORWARD] = True
         module.__dict__[_INDUCTOR] = under_compile == "inductor"
-        replaced.append(Replaced(path, _class_name(module), f"{_class_name(module)} (fused forward)",
+        replaced.append(Replaced(path, _class_name(module), _class_name(module) + _FUSED_SUFFIX,
                                  "residual add fused into post_attention_layernorm"))
 
 
@@ -726,7 +733,7 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, f
         block.forward = types.MethodType(_resnet_block_forward, block)
         block.__dict__[_FUSED_FORWARD] = True
         modes = "norm1" + (" and norm2" if block.time_embedding_norm == "default" else "")
-        replaced.append(Replaced(path, _class_name(block), f"{_class_name(block)} (fused forward)",
+        replaced.append(Replaced(path, _class_name(block), _class_name(block) + _FUSED_SUFFIX,
                                  f"{modes} fused with the SiLU after them"))
     return PatchReport(replaced, skipped)
 

@@ -38,9 +38,6 @@ class ChildOutcome:
     stage_s: dict | None = None  # seconds from each announced stage to the next ("spawn": until the first)
 
 
-FASTNORM_BUILDS_ENV = BUILDS_ENV  # read by fastnorm/ops/extension.py
-
-
 def fastnorm_builds_dir(env: dict) -> Path:
     """Where a judge's processes keep fastnorm's own build (a package-backed candidate's kernels): one folder
     for every judge, not the candidate's, so that only the first judge compiles them (25 s a candidate on
@@ -75,7 +72,7 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
     # candidates' names (fastnorm solve: a hash of the sources) may name a shared one, whose builds it made.
     ext_dir = Path(extensions_dir) if extensions_dir else workdir / "torch_extensions"
     ext_dir.mkdir(parents=True, exist_ok=True)
-    env[FASTNORM_BUILDS_ENV] = str(fastnorm_builds_dir(env))
+    env[BUILDS_ENV] = str(fastnorm_builds_dir(env))
     env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
 
     t0 = time.monotonic()

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from fastnorm import kernels
-from fastnorm.build_env import BUILDS_ENV, env_build_root
+from fastnorm.build_env import env_build_root
 
 _lock = threading.Lock()
 _loaded = {}
@@ -29,10 +29,8 @@ def _flags(device_type: str):
 # Where fastnorm keeps its own builds, before TORCH_EXTENSIONS_DIR: `fastnorm eval` points every judge's
 # TORCH_EXTENSIONS_DIR at the candidate's own folder (candidates' load_inline names may clash) and this at
 # one folder for all judges (harness/isolation.py fastnorm_builds_dir), so that a package-backed candidate
-# loads fastnorm's build instead of compiling it again. A build's name hashes its sources: never stale.
-BUILD_DIR_ENV = BUILDS_ENV
-
-
+# loads fastnorm's build instead of compiling it again (the variable: build_env.BUILDS_ENV). A build's name
+# hashes its sources: never stale.
 def _env_root() -> Path | None:
     return env_build_root(os.environ)
 
