@@ -218,6 +218,40 @@ def test_gradcheck_float64(device, layout, rms):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", [((3, 7), 1, 2), ((2, 3, 4), 1, 3), ((2, 3, 2, 2), 1, 2)], ids=["rows", "2dims", "channel"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+def test_gradgradcheck_float64(device, layout, rms):
+    """Second derivatives (create_graph=True: gradient penalties, Hessian-vector products): the kernels'
+    backward goes through the norm_backward op, whose own autograd differentiates the torch-op norm."""
+    shape, begin, end = layout
+    dims = _dims(torch.empty(shape), begin, end)
+    x = torch.randn(shape, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(shape[begin:end], device=device, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(shape[begin:end], device=device, dtype=torch.float64, requires_grad=True)
+    if rms:
+        assert torch.autograd.gradgradcheck(lambda x, w: fastnorm.rms_norm(x, None, w, 1e-5, dim=dims), (x, w))
+    else:
+        assert torch.autograd.gradgradcheck(lambda x, w, b: fastnorm.layer_norm(x, None, w, b, 1e-5, dim=dims),
+                                            (x, w, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_penalty_in_float32_matches_torch(device):
+    """A WGAN-GP-style penalty, ||d out / d x||^2 differentiated again, in float32 against torch's LayerNorm."""
+    x = torch.randn(8, 64, device=device, requires_grad=True)
+    w = (torch.rand(64, device=device) + 0.5).requires_grad_()
+
+    def penalty(norm):
+        (gx,) = torch.autograd.grad((norm(x) ** 3).sum(), x, create_graph=True)
+        return torch.autograd.grad((gx ** 2).sum(), (x, w))
+
+    got = penalty(lambda t: fastnorm.layer_norm(t, (64,), w, None))
+    want = penalty(lambda t: torch.nn.functional.layer_norm(t, (64,), w, None))
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_rows_of_one_element(device):
     """n = 1: LayerNorm's dx is exactly 0; RMSNorm's is g * eps / (x^2 + eps)^1.5, tiny next to g and
     all cancellation in float32 (as in PyTorch's kernels), so it is held to g's scale, not its own."""

@@ -235,6 +235,17 @@ def test_gradcheck(case):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
+# The statistics' own gradient matters here: the first backward must be a function of x through them.
+GRADGRADCHECK_CASES = ("group_norm", "group_norm_4d", "instance_norm", "instance_norm_eval", "batch_norm_train",
+                       "batch_norm_eval")
+
+
+@pytest.mark.parametrize("case", GRADGRADCHECK_CASES)
+def test_gradgradcheck(case):
+    fn, inputs = GRADCHECK_CASES[case]()
+    assert torch.autograd.gradgradcheck(fn, inputs)
+
+
 def _grads(fn, x, w, b, dy):
     leaves = [t.detach().requires_grad_() for t in (x, w, b)]
     fn(*leaves).backward(dy)

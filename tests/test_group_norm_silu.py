@@ -184,6 +184,11 @@ def test_gradcheck(shape, groups, affine):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
+def test_gradgradcheck():
+    x, w, b = _double((2, 6, 5)), _double(6), _double(6)
+    assert torch.autograd.gradgradcheck(lambda a, c, d: fastnorm.group_norm(a, 3, c, d, activation="silu"), (x, w, b))
+
+
 def _grads(fn, x, w, b, dy):
     leaves = [t.detach().requires_grad_() for t in (x, w, b)]
     fn(*leaves).backward(dy)

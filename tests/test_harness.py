@@ -111,7 +111,7 @@ def test_json_document_schema_and_exit_code(runtime_run):
     assert {"fast_1", "fast_1.5", "fast_2", "geomean_speedup"} <= set(summary)
     assert doc["baseline"]["min_bytes"] == 2 * 4 * 16 * 32 * 33 * 4
     # the timing mode asked for (eval's default) and what it means on this device
-    assert doc["settings"]["timing"] == "host" and doc["baseline"]["timing_mode"] == "cpu"
+    assert doc["settings"]["timing"] == "device" and doc["baseline"]["timing_mode"] == "cpu"
     assert by_name["good_layer_norm"]["cand_timing"]["mode"] == doc["baseline"]["ref_timing"]["mode"] == "cpu"
 
 

@@ -12,7 +12,7 @@ from fastnorm.harness import cli, evaluate, judge, timing
 from fastnorm.harness.batch import Measured
 from fastnorm.harness.candidate_process import CandidateSide
 from fastnorm.harness import candidate_process
-from fastnorm.harness.evaluate import TIMING_MODES, evaluate_batch
+from fastnorm.harness.evaluate import DEFAULT_TIMING, TIMING_MODES, evaluate_batch
 from fastnorm.harness.isolation import ChildOutcome
 from fastnorm.harness.loading import load_module
 from fastnorm.harness.outcomes import result_from
@@ -30,12 +30,13 @@ GOOD = str(CANDIDATES / "good_layer_norm.py")
 
 def test_timing_modes_agree_between_the_torch_free_parent_and_timing():
     assert TIMING_MODES == timing.TIMING_MODES == ("device", "host")
+    assert DEFAULT_TIMING == timing.DEFAULT_TIMING == "device"  # issue 29: steadier medians
     assert timing.include_host_for("host") is True and timing.include_host_for("device") is False
     with pytest.raises(ValueError, match="timing must be one of device, host"):
         timing.include_host_for("wall")
 
 
-@pytest.mark.parametrize("argv,expected", [([], "host"), (["--timing", "host"], "host"),
+@pytest.mark.parametrize("argv,expected", [([], "device"), (["--timing", "host"], "host"),
                                            (["--timing", "device"], "device")])
 def test_cli_timing_flag_reaches_evaluate(monkeypatch, capsys, argv, expected):
     seen = {}
@@ -227,7 +228,7 @@ def test_null_candidate_is_timed_behind_the_same_cover_as_the_candidate(monkeypa
     assert timed_loop == ["call", "sync"] + (timed_head + TRIAL_TAIL) * 3
 
 
-@pytest.mark.parametrize("mode,include_host", [("device", False), ("host", True), (None, True)])
+@pytest.mark.parametrize("mode,include_host", [("device", False), ("host", True), (None, False)])
 def test_judge_asks_for_the_configured_mode_in_calibration_and_timing(mode, include_host):
     """The judge (on CPU, with a stand-in for the candidate's process) sends the same include_host for the
     null candidate and the timed calls, and records the mode in the timing it reports."""

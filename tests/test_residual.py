@@ -105,6 +105,9 @@ def test_gradcheck_float64(device):
     b = torch.randn(6, device=device, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, r, w, b: fastnorm.layer_norm(x, (6,), w, b, residual=r), (x, r, w, b))
     assert torch.autograd.gradcheck(lambda x, r, w: fastnorm.rms_norm(x, (6,), w, 1e-5, residual=r), (x, r, w))
+    assert torch.autograd.gradgradcheck(lambda x, r, w, b: fastnorm.layer_norm(x, (6,), w, b, residual=r),
+                                        (x, r, w, b))
+    assert torch.autograd.gradgradcheck(lambda x, r, w: fastnorm.rms_norm(x, (6,), w, 1e-5, residual=r), (x, r, w))
 
 
 @pytest.mark.parametrize("device", DEVICES)

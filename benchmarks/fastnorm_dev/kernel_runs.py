@@ -70,6 +70,28 @@ def run_sanitize(args):
             ext.batch_norm_forward(x, w, None, None, None, 1e-5)
             ext.group_norm_forward(torch.randn(x.numel() + 1, device="cuda", dtype=dtype)[1:].view(shape), None, None,
                                    groups, 1e-5)
+        # The family's backward: planes a warp each (35) and in pieces of a block (a partial tail, odd and
+        # misaligned planes), SiLU, batch and given statistics, only some gradients.
+        for shape, groups in [((2, 6, 5, 7), 3), ((2, 4, 3001), 2), ((1, 2, 9000), 1)]:
+            for act in (0, 1):
+                x = torch.randn(shape, device="cuda", dtype=dtype)
+                w = torch.rand(shape[1], device="cuda", dtype=dtype)
+                for mode, sets in ((0, shape[0] * groups), (1, shape[1]), (2, shape[1])):
+                    stats = torch.rand(2, sets, device="cuda", dtype=torch.float64 if dtype == torch.float64 else None)
+                    ext.family_backward(torch.randn_like(x), x, w, w, stats[0], stats[1], groups, 1e-5, act, mode,
+                                        True, True, True)
+                    ext.family_backward(torch.randn_like(x), x, None, None, stats[0], stats[1], groups, 1e-5, act,
+                                        mode, True, False, False)
+        # The set path (a block a set of statistics: a (sample, group)), forward and backward.
+        for shape, groups in [((16, 64, 8, 8), 16), ((8, 32, 24, 24), 32)]:
+            for act in (None, "silu"):
+                x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+                w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
+                fastnorm.group_norm(x, groups, w, w, activation=act).backward(torch.randn_like(x))
+        for shape in [(40, 160, 4, 4), (4, 128, 24, 24)]:  # BatchNorm's: a channel a set
+            x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+            w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
+            fastnorm.batch_norm(x, None, None, w, w, training=True).backward(torch.randn_like(x))
         for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3)]:
             x = torch.randn(shape, device="cuda", dtype=dtype)
             ext.p_normalize(x, 1.0, begin, end, 0.0, True)

@@ -65,9 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"only these suites, comma-separated: {', '.join(suites.SUITES)}, model (a small "
                         "transformers Llama, PyTorch's norms against fastnorm.patch, tokens/s; needs transformers), "
                         "family (the problems/ files against their solutions/ ModelNew, eager and torch.compile; "
-                        "CUDA)")
+                        "CUDA; with --mode train the problems whose norm has a fused backward)")
     p.add_argument("--dtype", type=_choices(suites.SUITE_DTYPES), action="extend",
-                   help=f"only these dtypes: {', '.join(suites.SUITE_DTYPES)}")
+                   help=f"only these dtypes: {', '.join(suites.SUITE_DTYPES)} (--suite family: run its "
+                        "problems in these dtypes, models and inputs cast)")
     p.add_argument("--op", type=_choices(OPS, OP_ALIASES), action="extend",
                    help="only these ops: layer_norm (ln), rms_norm (rms)")
     p.add_argument("--mode", choices=modes.MODES, default="fwd",
@@ -210,16 +211,21 @@ def run_family_suite(device: torch.device, args, use_compile: bool) -> int:
     copy_bw = copy_bandwidth(device, COPY_BYTES[device.type], include_host=include_host)
     log(f"copy bandwidth: {copy_bw / 1e9:.0f} GB/s (device-to-device, read + write); {args.timing} timing")
     reps = args.trials or (10 if args.quick else 30)
+    if args.mode not in ("fwd", "train"):
+        log("the family suite times --mode fwd or train")
+        return 2
+    dtypes = [family_suite.DTYPES[d] for d in args.dtype] if args.dtype else None
     rows = family_suite.run(device, Path("problems"), Path("solutions"), reps=reps, use_compile=use_compile,
-                            copy_bw=copy_bw, log=log,
+                            copy_bw=copy_bw, log=log, mode=args.mode, dtypes=dtypes,
                             timer=functools.partial(time_callable, include_host=include_host))
     if rows is None:
         return 2
     log("")
     log(family_suite.format_rows(rows, markdown=args.markdown))
+    suffix = "-train" if args.mode == "train" else ""
     json_path = (args.json if args.json and args.suite == ["family"] else
-                 Path("benchmarks/results") / f"bench-{report.slug(report.device_name(device))}-family.json")
-    report.write_json(family_suite.to_json(device, rows, copy_bw, args.timing), json_path)
+                 Path("benchmarks/results") / f"bench-{report.slug(report.device_name(device))}-family{suffix}.json")
+    report.write_json(family_suite.to_json(device, rows, copy_bw, args.timing, args.mode), json_path)
     log(f"wrote {json_path}")
     return 1 if any(not r.ok for r in rows) else 0
 

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from fastnorm.harness.evaluate import TIMING_MODES, EvaluationError, evaluate, evaluate_batch
+from fastnorm.harness.evaluate import DEFAULT_TIMING, TIMING_MODES, EvaluationError, evaluate, evaluate_batch
 from fastnorm.harness.manifest import read_manifest
 from fastnorm.harness.pool import default_build_jobs
 
@@ -36,13 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds per candidate process, build included (default 600)")
     p.add_argument("--compile-baseline", action="store_true", help="also time torch.compile(Model)")
-    p.add_argument("--timing", choices=TIMING_MODES, default="host",
-                   help="host (default): the GPU is idle when each call starts, so its host time counts too "
-                        "(KernelBench's convention); device: each call is issued while the L2 flush and a ~1 ms "
-                        "spin still run, so its Python and launch time overlap as in a GPU-bound program (like "
-                        "triton's do_bench) and medians are steadier across runs, but work a candidate starts on a "
-                        "stream that does not wait for the caller's can hide under that spin. Reference and "
-                        "candidates alike")
+    p.add_argument("--timing", choices=TIMING_MODES, default=DEFAULT_TIMING,
+                   help="device (default): each call is issued while the L2 flush and a ~1 ms spin on every SM "
+                        "still run, so its Python and launch time overlap as in a GPU-bound program (like "
+                        "triton's do_bench) and medians repeat within about 0.5%%; the spin fills every SM, so "
+                        "work a candidate starts on a stream that does not wait for the caller's cannot run "
+                        "before the start event. host: the GPU is idle when each call starts, so its host time "
+                        "counts too (KernelBench's convention). Reference and candidates alike")
     p.add_argument("--json", dest="json_path", default=None, help="write the full report as JSON to this path")
     p.add_argument("--seed", type=int, default=42, help="base seed for weights and inputs (default 42)")
     p.add_argument("--jobs", type=int, default=None,

@@ -34,6 +34,8 @@ _current_stream = torch.cuda.current_stream
 
 # The timing modes of `fastnorm eval --timing` and `fastnorm bench --timing`: time_callable's include_host.
 TIMING_MODES = ("device", "host")
+# What `fastnorm eval` and `fastnorm solve` use unless told (evaluate.DEFAULT_TIMING says the same, torch-free).
+DEFAULT_TIMING = "device"
 
 
 def include_host_for(mode: str) -> bool:

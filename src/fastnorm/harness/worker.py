@@ -22,7 +22,8 @@ from fastnorm.harness.judge import run_judge
 from fastnorm.harness.loading import (REFERENCE_MODULE, Progress, build_model, device_name, import_candidate,
                                       load_module, make_inputs, resolve_device, to_device)
 from fastnorm.harness.messages import Verdict, clip, describe_exception, exception_message
-from fastnorm.harness.timing import TrialHooks, copy_bandwidth, effective_timing, include_host_for, time_callable
+from fastnorm.harness.timing import (DEFAULT_TIMING, TrialHooks, copy_bandwidth, effective_timing, include_host_for,
+                                     time_callable)
 
 
 def run_import(cfg: dict, progress: Progress) -> dict:
@@ -37,7 +38,7 @@ def run_baseline(cfg: dict, progress: Progress) -> dict:
               "torch_version": torch.__version__}
     seed = cfg["seed"]
     # The reference (and its torch.compile) in the candidates' timing mode: the speedup is a ratio of the two.
-    include_host = include_host_for(cfg.get("timing", "host"))
+    include_host = include_host_for(cfg.get("timing", DEFAULT_TIMING))
     result["timing_mode"] = effective_timing(device, include_host)
     progress("import reference")
     try:

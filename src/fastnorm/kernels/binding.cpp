@@ -82,7 +82,7 @@ NormCall prepare_call(const at::Tensor& x, const c10::optional<at::Tensor>& weig
   NormCall c;
   const int64_t ndim = x.dim();
   TORCH_CHECK(0 <= begin_dim && begin_dim < end_dim && end_dim <= ndim, "fastnorm: bad dims [",
-              begin_dim, ", ", end_dim, ") for a tensor of rank ", ndim);
+              num(begin_dim), ", ", num(end_dim), ") for a tensor of rank ", num(ndim));
   c.code = dtype_code(x.scalar_type());
   TORCH_CHECK(c.code != FN_NONE, "fastnorm: unsupported input dtype ", x.scalar_type(),
               " (float32, float16, bfloat16 or float64)");
@@ -101,7 +101,7 @@ NormCall prepare_call(const at::Tensor& x, const c10::optional<at::Tensor>& weig
   TORCH_CHECK(!(rms && b.defined()), "fastnorm: RMSNorm takes no bias");
   for (const at::Tensor* t : {&w, &b}) {
     if (!t->defined()) continue;
-    TORCH_CHECK(t->numel() == c.n, "fastnorm: weight/bias has ", t->numel(), " elements, expected ", c.n);
+    TORCH_CHECK(t->numel() == c.n, "fastnorm: weight/bias has ", num(t->numel()), " elements, expected ", num(c.n));
     TORCH_CHECK(t->device() == x.device(), "fastnorm: weight/bias on ", t->device(), ", input on ",
                 x.device());
     TORCH_CHECK(dtype_code(t->scalar_type()) != FN_NONE, "fastnorm: unsupported weight/bias dtype ",
@@ -223,7 +223,8 @@ std::vector<at::Tensor> add_norm_forward(const at::Tensor& x, const at::Tensor& 
                                          int64_t begin_dim, int64_t end_dim, double eps, bool rms,
                                          bool residual_in_fp32) {
   NormCall c = prepare_call(x, weight, bias, begin_dim, end_dim, rms);
-  TORCH_CHECK(residual.sizes() == x.sizes(), "fastnorm: residual has shape ", residual.sizes(), ", input ", x.sizes());
+  TORCH_CHECK(residual.sizes() == x.sizes(), "fastnorm: residual has shape ", num(residual.sizes()), ", input ",
+              num(x.sizes()));
   TORCH_CHECK(residual.device() == x.device(), "fastnorm: residual on ", residual.device(), ", input on ", x.device());
   const at::ScalarType hdtype = residual_in_fp32 && x.scalar_type() != at::kDouble ? at::kFloat : x.scalar_type();
   TORCH_CHECK(residual.scalar_type() == x.scalar_type() || residual.scalar_type() == hdtype,
@@ -265,7 +266,7 @@ std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x,
                                       double eps, bool rms, bool need_dx, bool need_dweight, bool need_dbias,
                                       const c10::optional<at::Tensor>& dx_add, const c10::optional<at::Tensor>& stats) {
   NormCall c = prepare_call(x, weight, bias, begin_dim, end_dim, rms);
-  TORCH_CHECK(dy.sizes() == x.sizes(), "fastnorm: grad has shape ", dy.sizes(), ", input ", x.sizes());
+  TORCH_CHECK(dy.sizes() == x.sizes(), "fastnorm: grad has shape ", num(dy.sizes()), ", input ", num(x.sizes()));
   TORCH_CHECK(dy.scalar_type() == x.scalar_type(), "fastnorm: grad dtype ", dy.scalar_type(), ", input ",
               x.scalar_type());
   TORCH_CHECK(dy.device() == x.device(), "fastnorm: grad on ", dy.device(), ", input on ", x.device());

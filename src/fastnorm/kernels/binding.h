@@ -3,9 +3,26 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "norm_params.h"
+
+// Numbers in error messages, as text made with std::to_string. Streaming an integer, a double or a shape
+// into TORCH_CHECK's message (c10::str's ostringstream) crashed the process instead of raising on the
+// H100 machine (an extension built with g++ 13 whose inline stream code met the older libstdc++ the
+// process had loaded; any extension there, not only ours): no number reaches the stream as a number.
+template <typename T, typename = std::enable_if_t<std::is_arithmetic<T>::value>>
+inline std::string num(T v) {
+  return std::to_string(v);
+}
+
+inline std::string num(at::IntArrayRef v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
 
 // FastnormDtype of a tensor dtype, FN_NONE for the unsupported ones.
 int dtype_code(at::ScalarType t);
@@ -39,3 +56,11 @@ std::vector<at::Tensor> batch_norm_forward(const at::Tensor& x, const c10::optio
                                            const c10::optional<at::Tensor>& var, double eps);
 
 at::Tensor p_normalize(const at::Tensor& x, double p, int64_t begin_dim, int64_t end_dim, double eps, bool mean);
+
+// (dx, dweight, dbias) of group_norm_forward (mode FN_BWD_GROUPS) or batch_norm_forward (FN_BWD_BATCH: batch
+// statistics; FN_BWD_GIVEN: given ones) given dy and the forward's mean / var; dweight and dbias in the
+// accumulator dtype, each undefined where not needed. CUDA only.
+std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                        const c10::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                        const at::Tensor& var, int64_t groups, double eps, int64_t activation,
+                                        int64_t mode, bool need_dx, bool need_dweight, bool need_dbias);

@@ -4,7 +4,21 @@
 #include <cuda_fp16.h>
 
 #include "family_kernels.cuh"
+#include "family_set_kernels.cuh"
 #include "kernel_set.h"
+
+namespace {
+
+// Sets of statistics small enough for L2 in one kernel (family_set_kernels.cuh), the rest in the multi-kernel path.
+template <typename T>
+const char* run_family_dtype(const FamilyParams& p, cudaStream_t stream) {
+  using namespace fastnorm::family;
+  const sets::SetPlan sp = sets::set_forward_plan<T>(p);
+  if (sp.sets > 0) return sets::run_set_forward<T>(p, sp, stream);
+  return run_family_stat<T>(p, stream);
+}
+
+}  // namespace
 
 int64_t fastnorm_cuda_family_workspace_bytes(const FamilyParams& p) {
   if (p.numel == 0) return 0;
@@ -24,16 +38,16 @@ const char* fastnorm_cuda_family(const FamilyParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
 #ifdef FASTNORM_WANT_F32
-    case FN_F32: return run_family_stat<float>(p, s);
+    case FN_F32: return run_family_dtype<float>(p, s);
 #endif
 #ifdef FASTNORM_WANT_F64
-    case FN_F64: return run_family_stat<double>(p, s);
+    case FN_F64: return run_family_dtype<double>(p, s);
 #endif
 #ifdef FASTNORM_WANT_F16
-    case FN_F16: return run_family_stat<__half>(p, s);
+    case FN_F16: return run_family_dtype<__half>(p, s);
 #endif
 #ifdef FASTNORM_WANT_BF16
-    case FN_BF16: return run_family_stat<__nv_bfloat16>(p, s);
+    case FN_BF16: return run_family_dtype<__nv_bfloat16>(p, s);
 #endif
     default: return fastnorm_dtype_not_built(p.dtype, "fastnorm_cuda_family: unsupported dtype");
   }

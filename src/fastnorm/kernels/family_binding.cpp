@@ -18,6 +18,8 @@
 #include <c10/cuda/CUDAStream.h>
 int64_t fastnorm_cuda_family_workspace_bytes(const FamilyParams& p);
 const char* fastnorm_cuda_family(const FamilyParams& p, void* stream);
+int64_t fastnorm_cuda_family_backward_workspace_bytes(const FamilyBackwardParams& p);
+const char* fastnorm_cuda_family_backward(const FamilyBackwardParams& p, void* stream);
 #else
 const char* fastnorm_cpu_family(const FamilyParams& p);
 #endif
@@ -56,8 +58,8 @@ FamilyCall start_call(const at::Tensor& x, const char* op) {
 at::Tensor channel_tensor(const c10::optional<at::Tensor>& t, const at::Tensor& x, int64_t channels,
                           const char* what, const char* op) {
   if (!t.has_value() || !t->defined()) return at::Tensor();
-  TORCH_CHECK(t->numel() == channels, "fastnorm.", op, ": ", what, " has ", t->numel(), " elements, expected ",
-              channels, " (one per channel)");
+  TORCH_CHECK(t->numel() == channels, "fastnorm.", op, ": ", what, " has ", num(t->numel()), " elements, expected ",
+              num(channels), " (one per channel)");
   TORCH_CHECK(t->device() == x.device(), "fastnorm.", op, ": ", what, " on ", t->device(), ", input on ", x.device());
   TORCH_CHECK(dtype_code(t->scalar_type()) != FN_NONE, "fastnorm.", op, ": unsupported ", what, " dtype ",
               t->scalar_type());
@@ -65,20 +67,26 @@ at::Tensor channel_tensor(const c10::optional<at::Tensor>& t, const at::Tensor& 
 }
 
 // Weight and bias as the kernels read them: contiguous, both of x's dtype or both of the accumulator's.
-void set_affine(FamilyCall& c, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
-                int64_t channels, const char* op) {
-  c.w = channel_tensor(weight, c.x, channels, "weight", op);
-  c.b = channel_tensor(bias, c.x, channels, "bias", op);
-  if (!c.w.defined() && !c.b.defined()) return;
-  const at::ScalarType first = (c.w.defined() ? c.w : c.b).scalar_type();
-  const bool same = !(c.w.defined() && c.b.defined()) || c.w.scalar_type() == c.b.scalar_type();
-  const at::ScalarType wtype = same && (first == c.x.scalar_type() || first == c.acc) ? first : c.acc;
-  for (at::Tensor* t : {&c.w, &c.b}) {
+// Their FastnormDtype, FN_NONE without either.
+int affine_params(const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias, const at::Tensor& x,
+                  at::ScalarType acc, int64_t channels, const char* op, at::Tensor& w, at::Tensor& b) {
+  w = channel_tensor(weight, x, channels, "weight", op);
+  b = channel_tensor(bias, x, channels, "bias", op);
+  if (!w.defined() && !b.defined()) return FN_NONE;
+  const at::ScalarType first = (w.defined() ? w : b).scalar_type();
+  const bool same = !(w.defined() && b.defined()) || w.scalar_type() == b.scalar_type();
+  const at::ScalarType wtype = same && (first == x.scalar_type() || first == acc) ? first : acc;
+  for (at::Tensor* t : {&w, &b}) {
     if (t->defined()) *t = t->to(wtype).contiguous();
   }
+  return dtype_code(wtype);
+}
+
+void set_affine(FamilyCall& c, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+                int64_t channels, const char* op) {
+  c.p.wdtype = affine_params(weight, bias, c.x, c.acc, channels, op, c.w, c.b);
   c.p.weight = c.w.defined() ? c.w.data_ptr() : nullptr;
   c.p.bias = c.b.defined() ? c.b.data_ptr() : nullptr;
-  c.p.wdtype = dtype_code(wtype);
 }
 
 void run_family(FamilyCall& c) {
@@ -101,7 +109,7 @@ void run_family(FamilyCall& c) {
 
 // (N, C, spatial size) of an input of shape (N, C, *).
 std::vector<int64_t> batch_channel_spatial(const at::Tensor& x, const char* op) {
-  TORCH_CHECK(x.dim() >= 2, "fastnorm.", op, ": expected an input of shape (N, C, *), got ", x.sizes());
+  TORCH_CHECK(x.dim() >= 2, "fastnorm.", op, ": expected an input of shape (N, C, *), got ", num(x.sizes()));
   const int64_t n = x.size(0), ch = x.size(1);
   int64_t spatial = 1;
   for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
@@ -116,10 +124,10 @@ std::vector<at::Tensor> group_norm_forward(const at::Tensor& x, const c10::optio
   const char* op = "group_norm";
   const auto ncs = batch_channel_spatial(x, op);
   const int64_t n = ncs[0], ch = ncs[1], spatial = ncs[2];
-  TORCH_CHECK(groups > 0 && ch % groups == 0, "fastnorm.group_norm: ", groups, " groups do not divide ", ch,
+  TORCH_CHECK(groups > 0 && ch % groups == 0, "fastnorm.group_norm: ", num(groups), " groups do not divide ", num(ch),
               " channels");
   TORCH_CHECK(activation == FN_ACT_NONE || activation == FN_ACT_SILU, "fastnorm.group_norm: activation code ",
-              activation, " is not 0 (none) or 1 (silu)");
+              num(activation), " is not 0 (none) or 1 (silu)");
   FamilyCall c = start_call(x, op);
   set_affine(c, weight, bias, ch, op);
   at::Tensor mean = at::empty({n, groups}, x.options().dtype(c.acc));
@@ -191,11 +199,11 @@ std::vector<at::Tensor> batch_norm_forward(const at::Tensor& x, const c10::optio
 at::Tensor p_normalize(const at::Tensor& x, double p_order, int64_t begin_dim, int64_t end_dim, double eps,
                        bool mean) {
   const char* op = "normalize";
-  TORCH_CHECK(p_order == 1.0 || p_order == 2.0, "fastnorm.normalize: p must be 1 or 2, got ", p_order);
+  TORCH_CHECK(p_order == 1.0 || p_order == 2.0, "fastnorm.normalize: p must be 1 or 2, got ", num(p_order));
   const int64_t ndim = x.dim();
   TORCH_CHECK(0 <= begin_dim && begin_dim < end_dim && end_dim <= ndim, "fastnorm.normalize: bad dims [",
-              begin_dim, ", ", end_dim, ") for a tensor of rank ", ndim);
-  TORCH_CHECK(eps >= 0.0, "fastnorm.normalize: eps must be >= 0, got ", eps);
+              num(begin_dim), ", ", num(end_dim), ") for a tensor of rank ", num(ndim));
+  TORCH_CHECK(eps >= 0.0, "fastnorm.normalize: eps must be >= 0, got ", num(eps));
   int64_t outer = 1, n = 1, inner = 1;
   for (int64_t d = 0; d < ndim; ++d) (d < begin_dim ? outer : d < end_dim ? n : inner) *= x.size(d);
   if (inner > 1) {
@@ -219,4 +227,74 @@ at::Tensor p_normalize(const at::Tensor& x, double p_order, int64_t begin_dim, i
   p.coeffs = outer;
   run_family(c);
   return c.y;
+}
+
+std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                        const c10::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                        const at::Tensor& var, int64_t groups, double eps, int64_t activation,
+                                        int64_t mode, bool need_dx, bool need_dweight, bool need_dbias) {
+  const char* op = "family_backward";
+  const auto ncs = batch_channel_spatial(x, op);
+  const int64_t n = ncs[0], ch = ncs[1], spatial = ncs[2];
+  TORCH_CHECK(dy.sizes() == x.sizes(), "fastnorm.", op, ": dy has shape ", num(dy.sizes()), ", x ", num(x.sizes()));
+  TORCH_CHECK(dy.scalar_type() == x.scalar_type() && dy.device() == x.device(), "fastnorm.", op,
+              ": dy and x must share dtype and device");
+  TORCH_CHECK(dtype_code(x.scalar_type()) != FN_NONE, "fastnorm.", op, ": unsupported input dtype ", x.scalar_type());
+  TORCH_CHECK(mode == FN_BWD_GROUPS || mode == FN_BWD_BATCH || mode == FN_BWD_GIVEN, "fastnorm.", op, ": bad mode ",
+              num(mode));
+  TORCH_CHECK(activation == FN_ACT_NONE || activation == FN_ACT_SILU, "fastnorm.", op, ": bad activation ",
+              num(activation));
+  const int64_t g = mode == FN_BWD_GROUPS ? groups : ch;
+  TORCH_CHECK(g > 0 && ch % g == 0, "fastnorm.", op, ": ", num(g), " groups do not divide ", num(ch), " channels");
+  const int64_t sets = mode == FN_BWD_GROUPS ? n * g : ch;
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  TORCH_CHECK(mean.numel() == sets && var.numel() == sets, "fastnorm.", op, ": mean and var need ", num(sets),
+              " values, got ", num(mean.numel()), " and ", num(var.numel()));
+  FamilyBackwardParams p{};
+  at::Tensor w, b;
+  p.wdtype = affine_params(weight, bias, x, acc, ch, op, w, b);
+  at::Tensor dx, dweight, dbias;
+#ifdef FASTNORM_CUDA
+  TORCH_CHECK(x.is_cuda(), "fastnorm.", op, ": this build runs CUDA tensors, got one on ", x.device());
+  const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  const at::Tensor m = mean.to(acc).contiguous(), v = var.to(acc).contiguous();
+  if (need_dx) dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (need_dweight) dweight = at::empty({ch}, x.options().dtype(acc));
+  if (need_dbias) dbias = at::empty({ch}, x.options().dtype(acc));
+  if (x.numel() == 0) {
+    if (need_dweight) dweight.zero_();
+    if (need_dbias) dbias.zero_();
+    return {dx, dweight, dbias};
+  }
+  p.x = xc.data_ptr();
+  p.dy = dyc.data_ptr();
+  p.dx = need_dx ? dx.data_ptr() : nullptr;
+  p.dtype = dtype_code(x.scalar_type());
+  p.n = n;
+  p.channels = ch;
+  p.groups = g;
+  p.spatial = spatial;
+  p.mode = int(mode);
+  p.mean = m.data_ptr();
+  p.var = v.data_ptr();
+  p.eps = eps;
+  p.weight = w.defined() ? w.data_ptr() : nullptr;
+  p.bias = b.defined() ? b.data_ptr() : nullptr;
+  p.activation = int(activation);
+  p.dweight = need_dweight ? dweight.data_ptr() : nullptr;
+  p.dbias = need_dbias ? dbias.data_ptr() : nullptr;
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor workspace;
+  const int64_t bytes = fastnorm_cuda_family_backward_workspace_bytes(p);
+  if (bytes > 0) {
+    workspace = at::empty({bytes}, x.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+    p.workspace_bytes = bytes;
+  }
+  const char* err = fastnorm_cuda_family_backward(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, "fastnorm kernel failed: ", err);
+#else
+  TORCH_CHECK(false, "fastnorm.", op, ": no CPU kernel (the CPU backward is written with torch ops)");
+#endif
+  return {dx, dweight, dbias};
 }

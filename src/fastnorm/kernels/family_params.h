@@ -54,3 +54,32 @@ struct FamilyParams {
   void* workspace;
   int64_t workspace_bytes;
 };
+
+// The backward of the affine members (GroupNorm / InstanceNorm, BatchNorm) over a contiguous x of shape
+// (N, C, S), viewed as N * C planes of S elements. Each plane belongs to one set of statistics:
+//   FN_BWD_GROUPS: set n * G + c / (C / G) (per-sample statistics, depending on x);
+//   FN_BWD_BATCH: set c (batch statistics, depending on x);
+//   FN_BWD_GIVEN: set c, statistics given (eval), so dx = dy' * weight * rstd.
+// dy' is dy, or dy * silu'(z) with z = (x - mean) * rstd * weight + bias when the forward applied SiLU.
+enum FamilyBackwardMode { FN_BWD_GROUPS = 0, FN_BWD_BATCH = 1, FN_BWD_GIVEN = 2 };
+
+struct FamilyBackwardParams {
+  const void* x;   // contiguous (N, C, S), `dtype` (FastnormDtype)
+  const void* dy;  // contiguous, same shape and dtype
+  void* dx;        // contiguous, same shape and dtype, or null (not needed)
+  int dtype;
+  int64_t n, channels, groups, spatial;
+  int mode;  // FamilyBackwardMode
+  const void* mean;  // per set, the accumulator dtype (float64 for float64 x, else float32)
+  const void* var;   // biased variance per set
+  double eps;
+  const void* weight;  // `channels` values of wdtype each, or null
+  const void* bias;    // read only with the SiLU activation
+  int wdtype;
+  int activation;  // FamilyActivation the forward applied
+  void* dweight;   // `channels` values of the accumulator dtype each, or null (not needed)
+  void* dbias;
+  // CUDA scratch (per-piece sums, per-set coefficients), sized by fastnorm_cuda_family_backward_workspace_bytes.
+  void* workspace;
+  int64_t workspace_bytes;
+};

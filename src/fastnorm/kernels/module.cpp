@@ -248,6 +248,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("batch_norm_forward", &batch_norm_forward,
         "(y, mean, var): BatchNorm of x (N, C, *) with the given per-channel mean / var, or the batch's",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("var"), py::arg("eps"));
+  m.def("family_backward", &family_backward,
+        "(dx, dweight, dbias) of group_norm_forward / batch_norm_forward (mode 0 groups, 1 batch statistics, "
+        "2 given statistics), each None where not needed; dweight, dbias in the accumulator dtype",
+        py::arg("dy"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("var"),
+        py::arg("groups"), py::arg("eps"), py::arg("activation"), py::arg("mode"), py::arg("need_dx"),
+        py::arg("need_dweight"), py::arg("need_dbias"));
   m.def("p_normalize", &p_normalize, "x / max(norm, eps), the 1- or 2-norm over dims [begin_dim, end_dim)",
         py::arg("x"), py::arg("p"), py::arg("begin_dim"), py::arg("end_dim"), py::arg("eps"), py::arg("mean"));
   m.def("try_layer_norm",

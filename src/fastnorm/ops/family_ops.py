@@ -12,8 +12,11 @@ batch_norm_eval and p_normalize, with their kernels, fake (meta) functions and a
 - p_normalize(x, p, begin_dim, end_dim, eps, mean) -> y = x / max(norm, eps), p 1 or 2, over the
   dims [begin_dim, end_dim); mean=True divides the sum by the count first.
 
-Statistics are float32 (float64 for float64 x) and not differentiable. The backwards are written with
-torch ops from the saved statistics (correct; fused backward kernels are future work).
+Statistics are float32 (float64 for float64 x) and not differentiable. The affine members' backward on
+CUDA is fused kernels (kernels/family_backward.cuh: two passes over x and dy, deterministic dweight / dbias)
+where the call is plain (no double backward, tracing or dispatch mode) and planes hold at least
+_MIN_KERNEL_PLANE elements; elsewhere, and for p_normalize, it is written with torch ops from the saved
+statistics.
 """
 import math
 
@@ -153,11 +156,18 @@ def _affine_norm_backward(ctx, dy, per_sample: bool, batch_stats: bool):
     per-channel ones (batch norm, G = 1) have shape (C,) and reduce over N and S. With batch_stats the
     statistics depend on x; given ones (eval) do not: dx = dy * weight * rstd."""
     x, weight, mean, var, bias = ctx.saved_tensors
+    grads = _affine_norm_backward_kernel(ctx, dy, x, weight, mean, var, bias, per_sample, batch_stats)
+    if grads is not None:
+        return grads
     n, c, groups = x.shape[0], x.shape[1], ctx.groups
     view = (n, groups, c // groups, math.prod(x.shape[2:]))
     stat_shape, stat_dims = ((n, groups, 1, 1), (2, 3)) if per_sample else ((1, 1, c, 1), (0, 3))
     acc = accumulator_dtype(x.dtype)
     x4, dy4 = x.reshape(view).to(acc), dy.reshape(view).to(acc)
+    if batch_stats and torch.is_grad_enabled():
+        # A recorded backward (double backward): the saved statistics carry no gradient, so take them
+        # from x again, as functions of it.
+        mean, var = x4.mean(stat_dims, keepdim=True), x4.var(stat_dims, unbiased=False, keepdim=True)
     rstd = torch.rsqrt(var.to(acc).reshape(stat_shape) + ctx.eps)
     xhat = (x4 - mean.to(acc).reshape(stat_shape)) * rstd
     if ctx.activation == "silu":
@@ -181,6 +191,32 @@ def _affine_norm_backward(ctx, dy, per_sample: bool, batch_stats: bool):
     if need_db:
         db = dy4.sum((0, 3)).reshape(c).to(ctx.bias_dtype)
     return dx, dw, db
+
+
+# Planes (the elements of one sample and channel) shorter than this take the torch-op backward: a warp a
+# plane would idle most lanes (BatchNorm1d's planes are one element).
+_MIN_KERNEL_PLANE = 32
+# family_backward's modes (FamilyBackwardMode): per-sample sets, batch statistics, given statistics.
+_BWD_MODES = {(True, True): 0, (False, True): 1, (False, False): 2}
+
+
+def _affine_norm_backward_kernel(ctx, dy, x, weight, mean, var, bias, per_sample, batch_stats):
+    """(dx, dweight, dbias) from the fused CUDA kernels, or None where the torch-op backward runs: CPU
+    tensors, short planes, a backward that is itself recorded (double backward) or traced."""
+    if x.device.type != "cuda" or x.dim() < 2 or math.prod(x.shape[2:]) < _MIN_KERNEL_PLANE:
+        return None
+    if not direct_call_ok(dy, x, weight, mean, var, bias):
+        return None
+    ext = kernels("cuda")
+    if not hasattr(ext, "family_backward"):  # a stand-in or an older build
+        return None
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    need_dw, need_db = need_dw and weight is not None, need_db and ctx.bias_dtype is not None
+    dx, dw, db = ext.family_backward(dy, x, weight, bias, mean, var, ctx.groups, ctx.eps,
+                                     activation_code(ctx.activation), _BWD_MODES[per_sample, batch_stats],
+                                     need_dx, need_dw, need_db)
+    return (dx if need_dx else None, dw.to(weight.dtype) if need_dw else None,
+            db.to(ctx.bias_dtype) if need_db else None)
 
 
 def _group_norm_backward(ctx, dy, dmean, dvar):

@@ -158,6 +158,54 @@ def _rms_norm_backward(ctx, grad, _grad_stats=None):
     return dx, None, None, dw, None
 
 
+def reference_forward(x, begin_dim, end_dim, weight, bias, eps, rms):
+    """The norm written with differentiable torch ops (weight and bias shaped like x's dims [begin, end))."""
+    dims = tuple(range(begin_dim, end_dim))
+    shape = tuple(x.shape[begin_dim:end_dim]) + (1,) * (x.dim() - end_dim)
+    if rms:
+        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    else:
+        y = (x - x.mean(dims, keepdim=True)) * torch.rsqrt(x.var(dims, unbiased=False, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    return y if bias is None else y + bias.reshape(shape)
+
+
+def _setup_norm_backward(ctx, inputs, output):
+    dy, x, ctx.begin_dim, ctx.end_dim, weight, bias, ctx.eps, ctx.rms, *needs, dx_add, stats = inputs
+    ctx.needs, ctx.has_dx_add = needs, dx_add is not None
+    ctx.save_for_backward(dy, x, weight, bias)
+
+
+def _norm_backward_backward(ctx, gdx, gdw, gdb):
+    """Double backward: norm_backward's own gradients, by differentiating the first backward of the norm
+    written in torch ops (in the accumulator dtype) against the incoming gradients. Without it the
+    kernels' backward would be a constant to autograd: create_graph=True would give silently wrong
+    second derivatives (gradient penalties, Hessian-vector products)."""
+    dy, x, weight, bias = ctx.saved_tensors
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    with torch.enable_grad():
+        leaves = [None if t is None else t.detach().requires_grad_() for t in (dy, x, weight, bias)]
+        ldy, lx, lw, lb = leaves
+        wide = [None if t is None else t.to(acc) for t in (lx, lw, lb)]
+        y = reference_forward(wide[0], ctx.begin_dim, ctx.end_dim, wide[1], wide[2], ctx.eps, ctx.rms)
+        outs, grads = [], []
+        for need, leaf, g in zip(ctx.needs, (lx, lw, lb), (gdx, gdw, gdb)):
+            if need and leaf is not None and g is not None:
+                outs.append(leaf)
+                grads.append(g)
+        if not outs:
+            return (None,) * 13
+        firsts = torch.autograd.grad(y, outs, ldy.to(acc), create_graph=True)
+        wrt = [t for t in leaves if t is not None]
+        seconds = iter(torch.autograd.grad(firsts, wrt, [g.to(acc) for g in grads], allow_unused=True))
+    ddy, dx, dw, db = [None if t is None else next(seconds) for t in leaves]
+    cast = [None if d is None else d.to(t.dtype) for d, t in zip((ddy, dx, dw, db), (dy, x, weight, bias))]
+    return (cast[0], cast[1], None, None, cast[2], cast[3], None, None, None, None, None,
+            gdx if ctx.has_dx_add else None, None)
+
+
+register_autograd(_lib, "fastnorm::norm_backward", _norm_backward_backward, _setup_norm_backward)
 register_autograd(_lib, "fastnorm::layer_norm", _layer_norm_backward, _setup_context)
 register_autograd(_lib, "fastnorm::rms_norm", _rms_norm_backward, _setup_context)
 register_autograd(_lib, "fastnorm::layer_norm_train", _layer_norm_backward, _setup_context)

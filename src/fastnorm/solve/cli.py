@@ -7,7 +7,7 @@ written).
 import argparse
 import sys
 
-from fastnorm.harness.timing import TIMING_MODES
+from fastnorm.harness.timing import DEFAULT_TIMING, TIMING_MODES
 from fastnorm.solve.problem import UnsupportedProblem
 from fastnorm.solve.solver import SUPPORTED, SolveFailed, solve
 
@@ -31,9 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--perf-trials", type=int, default=None,
                         help="timed runs of the final check (default: 100 on CUDA; on the CPU as many as fit "
                              "about 3 s of the slower model, 20 to 100)")
-    parser.add_argument("--timing", choices=TIMING_MODES, default="host",
+    parser.add_argument("--timing", choices=TIMING_MODES, default=DEFAULT_TIMING,
                         help="how the tuning runs and the final check time a call, as `fastnorm eval --timing`: "
-                             "host (default; host time counted) or device (host work overlapped)")
+                             "device (default; host work overlapped) or host (host time counted)")
     return parser
 
 

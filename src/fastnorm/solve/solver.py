@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
+from fastnorm.harness.evaluate import DEFAULT_TIMING
 from fastnorm.solve import emit, fused_helpers, kernel_needs
 from fastnorm.solve.extension_calls import record_calls
 from fastnorm.solve.planner_rules import CudaDevice
@@ -155,7 +156,7 @@ def default_perf_trials(device: torch.device, reference_ms: Optional[float], can
 def solve(reference, output, *, device: Optional[str] = None, target_speedup: Optional[float] = None,
           tune_trials: int = 20, eval_trials: int = 5, perf_trials: Optional[int] = None,
           log: Callable[[str], None] = print, verify: Optional[Callable] = None,
-          timing: str = "host") -> SolveResult:
+          timing: str = DEFAULT_TIMING) -> SolveResult:
     """Write a verified ModelNew for `reference` to `output`. Raises UnsupportedProblem (nothing to fuse,
     nothing written) or SolveFailed (no correct solution, nothing written). perf_trials: timed runs of the
     final check; None picks them (default_perf_trials). timing: how the tuning runs and the final check
@@ -250,7 +251,7 @@ class Tuning:
     """Build a solution with a kernel selection, then time its launch configurations (tune.py)."""
 
     def __init__(self, plan: Plan, calls: list, dev: CudaDevice, device: torch.device,
-                 target_speedup: Optional[float], trials: int, log: Callable[[str], None], timing: str = "host"):
+                 target_speedup: Optional[float], trials: int, log: Callable[[str], None], timing: str = DEFAULT_TIMING):
         self.plan, self.calls, self.dev, self.device = plan, calls, dev, device
         self.target_speedup, self.timed_runs, self.log = target_speedup, trials, log
         self.timing = timing  # the final check's mode: the configuration chosen is the one it finds fastest
@@ -303,7 +304,7 @@ class Tuning:
 
 def verify_with_eval(reference_path: Path, candidate_path: Path, *, device: torch.device, trials: int,
                      perf_trials: int, log: Callable[[str], None] = print,
-                     extensions_dir: Optional[str] = None, timing: str = "host") -> Verification:
+                     extensions_dir: Optional[str] = None, timing: str = DEFAULT_TIMING) -> Verification:
     """Run `fastnorm eval` (fastnorm.harness.evaluate) on the one candidate and read its verdict.
     extensions_dir: where the solver built the candidate's extension, so that eval loads that build
     (the candidate differs from the tuned file in THREADS / BLOCKS_PER_ROW only: the same sources, the

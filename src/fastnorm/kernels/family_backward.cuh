@@ -1,0 +1,417 @@
+// CUDA backward of the family's affine members (FamilyBackwardParams): GroupNorm / InstanceNorm and
+// BatchNorm, the SiLU epilogue included. x is N * C planes of S elements; each plane belongs to one set
+// of statistics. With g = dy' (dy, or dy * silu'(z) after SiLU), u = x - mean and M elements a set:
+//   dx = rstd * w * g - rstd / M * sum_set(w g) - u * rstd^3 / M * sum_set(w g u)   (statistics of x)
+//   dx = rstd * w * g                                                             (given statistics)
+//   dweight[c] = sum over c's planes of rstd * sum(g u),  dbias[c] = sum of sum(g).
+// So every plane needs two sums, sum(g) and sum(g u), and the set sums are weighted sums of those:
+// 1. plane_sums_kernel: the two sums of each piece of a plane (reads x and dy);
+// 2. finalize_kernel: per set the two dx coefficients (a warp a set), per channel dweight and dbias (a
+//    thread a channel), each over its planes in a fixed order: the results repeat bit for bit;
+// 3. plane_dx_kernel: dx = rstd * w * g + kx * u + k0 (reads x and dy again, writes dx).
+// Five passes over the tensor's size where torch's eager backward takes eight or more. GroupNorm's sets
+// small enough for L2 take set_backward_kernel instead: 1 and 2 in one block a set, 3 from L2.
+#pragma once
+#include "family_kernels.cuh"
+#include "family_set_kernels.cuh"
+
+namespace fastnorm {
+namespace family {
+namespace backward {
+
+// Planes of at least kLongPlane elements are cut into pieces of a block each; shorter ones take a warp
+// each (their sums need shuffles only).
+constexpr int64_t kLongPlane = 1024;
+
+struct Plan {
+  int64_t planes = 0, piece = 0, per_plane = 1, pieces = 0, sets = 0;
+  bool warp_planes = false;
+};
+
+// Vectors of x (and of dy) a thread takes in a piece: 2, or 8 on planes of 64K elements and more, where
+// a block's setup and reduction would otherwise come every 16 KB. FASTNORM_FAMILY_BWD_PIECE_VECS
+// overrides, for measurements.
+static inline int64_t piece_vectors(int64_t spatial) {
+  const char* env = std::getenv("FASTNORM_FAMILY_BWD_PIECE_VECS");
+  if (env && *env && std::atoll(env) > 0) return std::atoll(env);
+  return spatial >= 65536 ? 8 : 2;
+}
+
+template <typename T>
+static inline Plan plan_of(const FamilyBackwardParams& p) {
+  Plan pl;
+  pl.planes = p.n * p.channels;
+  pl.sets = p.mode == FN_BWD_GROUPS ? p.n * p.groups : p.channels;
+  pl.warp_planes = p.spatial < kLongPlane;
+  if (!pl.warp_planes) {
+    pl.piece = int64_t(kThreads) * (16 / int64_t(sizeof(T))) * piece_vectors(p.spatial);
+    pl.per_plane = (p.spatial + pl.piece - 1) / pl.piece;
+  }
+  pl.pieces = pl.planes * pl.per_plane;
+  return pl;
+}
+
+template <typename A>
+static inline int64_t workspace_bytes(const Plan& pl) {
+  return align16(2 * pl.pieces * int64_t(sizeof(A))) + align16(2 * pl.sets * int64_t(sizeof(A)));
+}
+
+template <typename A>
+struct Scratch {
+  A* sums;   // (sum g, sum g u) per piece, pieces of a plane together
+  A* set_k;  // (kx, k0) per set
+};
+
+template <typename A>
+static inline Scratch<A> scratch_of(const FamilyBackwardParams& p, const Plan& pl) {
+  char* base = static_cast<char*>(p.workspace);
+  return {reinterpret_cast<A*>(base), reinterpret_cast<A*>(base + align16(2 * pl.pieces * int64_t(sizeof(A))))};
+}
+
+__device__ __forceinline__ int64_t set_of(const FamilyBackwardParams& p, int64_t plane) {
+  const int64_t c = plane % p.channels;
+  return p.mode == FN_BWD_GROUPS ? (plane / p.channels) * p.groups + c / (p.channels / p.groups) : c;
+}
+
+template <typename A>
+__device__ __forceinline__ A rstd_of(const FamilyBackwardParams& p, int64_t set) {
+  return A(1) / sqrt(static_cast<const A*>(p.var)[set] + A(p.eps));
+}
+
+__device__ __forceinline__ float exp_acc(float v) { return expf(v); }
+__device__ __forceinline__ double exp_acc(double v) { return exp(v); }
+
+// What one plane's elements need: its set's mean, rstd * w (z's scale and dx's factor of g), the bias.
+template <typename A>
+struct PlaneTerms {
+  A mean, scale, bias;
+  int64_t set;
+};
+
+template <typename A, int kAct>
+__device__ __forceinline__ PlaneTerms<A> plane_terms(const FamilyBackwardParams& p, int64_t plane) {
+  const int64_t c = plane % p.channels, set = set_of(p, plane);
+  const A w = p.weight ? A(param_at(p.weight, p.wdtype, c)) : A(1);
+  const A b = kAct == FN_ACT_SILU && p.bias ? A(param_at(p.bias, p.wdtype, c)) : A(0);
+  return {static_cast<const A*>(p.mean)[set], rstd_of<A>(p, set) * w, b, set};
+}
+
+// g = dy, or dy * silu'(z) with z = u * scale + bias, silu'(z) = s (1 + z (1 - s)), s = sigmoid(z).
+template <int kAct, typename A>
+__device__ __forceinline__ A grad_in(A dy, A u, const PlaneTerms<A>& t) {
+  if (kAct != FN_ACT_SILU) return dy;
+  const A z = fma(u, t.scale, t.bias);
+  const A s = A(1) / (A(1) + exp_acc(-z));
+  return dy * s * fma(z, A(1) - s, A(1));
+}
+
+// op(x, dy) over elements [0, len) of a piece, thread `lane` of `lanes`: vectors where x, dy (and dx)
+// sit at the same offset from a 16-byte boundary, after a scalar head; kWrite stores op's result to dx.
+// The first pass's loads stay in L2 for the second; the second's stream.
+template <typename T, bool kWrite, typename Op>
+__device__ __forceinline__ void walk(const T* x, const T* dy, T* dx, int64_t len, int lane, int lanes, Op op) {
+  using A = typename AccOf<T>::type;
+  constexpr int V = 16 / sizeof(T);
+  const uintptr_t ax = reinterpret_cast<uintptr_t>(x);
+  bool together = ((ax ^ reinterpret_cast<uintptr_t>(dy)) & 15) == 0;
+  if (kWrite) together = together && ((ax ^ reinterpret_cast<uintptr_t>(dx)) & 15) == 0;
+  const int64_t head = together ? head_elements(x, len) : len, vecs = (len - head) / V;
+  for (int64_t i = lane; i < head; i += lanes) {
+    const A r = op(A(to_acc(x[i])), A(to_acc(dy[i])));
+    if (kWrite) dx[i] = from_acc<T>(r);
+  }
+  const Vec<T, V>* vx = reinterpret_cast<const Vec<T, V>*>(x + head);
+  const Vec<T, V>* vdy = reinterpret_cast<const Vec<T, V>*>(dy + head);
+  Vec<T, V>* vdx = reinterpret_cast<Vec<T, V>*>(dx + head);
+#pragma unroll 2
+  for (int64_t i = lane; i < vecs; i += lanes) {
+    const Vec<T, V> a = load_vec<kWrite>(vx + i), b = load_vec<kWrite>(vdy + i);
+    A xa[V], ga[V];
+    widen(a.v, xa);
+    widen(b.v, ga);
+#pragma unroll
+    for (int e = 0; e < V; ++e) xa[e] = op(xa[e], ga[e]);
+    if (kWrite) store_vec(vdx + i, pack<T>(xa));
+  }
+  for (int64_t i = head + vecs * V + lane; i < len; i += lanes) {
+    const A r = op(A(to_acc(x[i])), A(to_acc(dy[i])));
+    if (kWrite) dx[i] = from_acc<T>(r);
+  }
+}
+
+// The piece a block (long planes) or a warp (short planes) takes: plane, first element, length, and
+// this thread's lane among the lanes sharing it. False for a warp past the last plane.
+struct Piece {
+  int64_t plane, index, lo, len;
+  int lane, lanes;
+};
+
+__device__ __forceinline__ bool piece_of(const FamilyBackwardParams& p, const Plan& pl, Piece& q) {
+  if (pl.warp_planes) {
+    q.plane = q.index = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+    q.lo = 0;
+    q.len = p.spatial;
+    q.lane = threadIdx.x & 31;
+    q.lanes = 32;
+    return q.plane < pl.planes;
+  }
+  q.index = blockIdx.x;
+  q.plane = q.index / pl.per_plane;
+  q.lo = (q.index % pl.per_plane) * pl.piece;
+  q.len = min(pl.piece, p.spatial - q.lo);
+  q.lane = threadIdx.x;
+  q.lanes = kThreads;
+  return true;
+}
+
+template <typename T, int kAct>
+__global__ void __launch_bounds__(kThreads) plane_sums_kernel(FamilyBackwardParams p, Plan pl,
+                                                              typename AccOf<T>::type* sums) {
+  using A = typename AccOf<T>::type;
+  __shared__ A smem[2 * 32];
+  Piece q;
+  if (!piece_of(p, pl, q)) return;  // a whole warp of short planes: no block barrier below
+  const PlaneTerms<A> t = plane_terms<A, kAct>(p, q.plane);
+  const int64_t first = q.plane * p.spatial + q.lo;
+  A s[2] = {A(0), A(0)};
+  walk<T, false>(static_cast<const T*>(p.x) + first, static_cast<const T*>(p.dy) + first, static_cast<T*>(nullptr),
+                 q.len, q.lane, q.lanes, [&](A x, A dy) {
+                   const A u = x - t.mean, g = grad_in<kAct>(dy, u, t);
+                   s[0] += g;
+                   s[1] = fma(g, u, s[1]);
+                   return x;
+                 });
+  group_sums<2>(s, q.lanes, smem);
+  if (q.lane == 0) {
+    sums[2 * q.index] = s[0];
+    sums[2 * q.index + 1] = s[1];
+  }
+}
+
+// A plane's two sums over its pieces, in order.
+template <typename A>
+__device__ __forceinline__ void plane_total(const A* sums, const Plan& pl, int64_t plane, double& g, double& gu) {
+  const A* s = sums + 2 * plane * pl.per_plane;
+  for (int64_t k = 0; k < pl.per_plane; ++k) {
+    g += double(s[2 * k]);
+    gu += double(s[2 * k + 1]);
+  }
+}
+
+// Blocks [0, set_blocks): a warp a set, its (kx, k0). The rest: a thread a channel, dweight and dbias.
+template <typename A>
+__global__ void __launch_bounds__(kThreads) finalize_kernel(FamilyBackwardParams p, Plan pl, Scratch<A> ws,
+                                                            int64_t set_blocks) {
+  if (int64_t(blockIdx.x) < set_blocks) {
+    const int64_t set = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (set >= pl.sets) return;
+    const bool groups = p.mode == FN_BWD_GROUPS;
+    const int64_t per_group = p.channels / p.groups, count = groups ? per_group : p.n;
+    double wg = 0.0, wgu = 0.0;
+    for (int64_t j = lane; j < count; j += 32) {
+      const int64_t plane = groups ? (set / p.groups) * p.channels + (set % p.groups) * per_group + j
+                                   : j * p.channels + set;
+      const double w = p.weight ? param_at(p.weight, p.wdtype, plane % p.channels) : 1.0;
+      double g = 0.0, gu = 0.0;
+      plane_total(ws.sums, pl, plane, g, gu);
+      wg += w * g;
+      wgu += w * gu;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      wg += __shfl_xor_sync(0xffffffffu, wg, off);
+      wgu += __shfl_xor_sync(0xffffffffu, wgu, off);
+    }
+    if (lane == 0) {
+      const double rstd = double(rstd_of<A>(p, set)), m = double(count) * double(p.spatial);
+      ws.set_k[2 * set] = A(-rstd * rstd * rstd * wgu / m);
+      ws.set_k[2 * set + 1] = A(-rstd * wg / m);
+    }
+    return;
+  }
+  const int64_t c = (int64_t(blockIdx.x) - set_blocks) * kThreads + threadIdx.x;
+  if (c >= p.channels) return;
+  double dw = 0.0, db = 0.0;
+  for (int64_t n = 0; n < p.n; ++n) {
+    const int64_t plane = n * p.channels + c;
+    double g = 0.0, gu = 0.0;
+    plane_total(ws.sums, pl, plane, g, gu);
+    dw += double(rstd_of<A>(p, set_of(p, plane))) * gu;
+    db += g;
+  }
+  if (p.dweight) static_cast<A*>(p.dweight)[c] = A(dw);
+  if (p.dbias) static_cast<A*>(p.dbias)[c] = A(db);
+}
+
+template <typename T, int kAct, bool kGiven>
+__global__ void __launch_bounds__(kThreads) plane_dx_kernel(FamilyBackwardParams p, Plan pl,
+                                                            const typename AccOf<T>::type* set_k) {
+  using A = typename AccOf<T>::type;
+  Piece q;
+  if (!piece_of(p, pl, q)) return;
+  const PlaneTerms<A> t = plane_terms<A, kAct>(p, q.plane);
+  const A kx = kGiven ? A(0) : set_k[2 * t.set], k0 = kGiven ? A(0) : set_k[2 * t.set + 1];
+  const int64_t first = q.plane * p.spatial + q.lo;
+  walk<T, true>(static_cast<const T*>(p.x) + first, static_cast<const T*>(p.dy) + first,
+                static_cast<T*>(p.dx) + first, q.len, q.lane, q.lanes, [&](A x, A dy) {
+                  const A u = x - t.mean;
+                  return fma(t.scale, grad_in<kAct>(dy, u, t), fma(kx, u, k0));
+                });
+}
+
+// One block a set (family_set_kernels.cuh; statistics of x: FN_BWD_GROUPS, FN_BWD_BATCH): the units' two
+// sums, then per run its sums, then the set's (w-weighted) sums, then dx from the data this block just read
+// (in L2). GroupNorm's runs are (sample, channel) planes: their sums go to plane_sums for finalize_kernel's
+// dweight / dbias (one piece a plane). BatchNorm's set is a whole channel: the block writes its dweight and
+// dbias itself.
+template <typename T, int kAct>
+__global__ void __launch_bounds__(sets::kThreads, 1) set_backward_kernel(FamilyBackwardParams p, sets::SetPlan sp,
+                                                                        typename AccOf<T>::type* plane_sums) {
+  using A = typename AccOf<T>::type;
+  constexpr int V = 16 / sizeof(T);
+  extern __shared__ unsigned char shared_bytes[];
+  A* unit_sums = reinterpret_cast<A*>(shared_bytes);  // 2 a unit
+  __shared__ A red[2 * 32];
+  const int64_t set = blockIdx.x, len = sp.runs * sp.spatial;
+  const T* x = static_cast<const T*>(p.x);
+  const T* dy = static_cast<const T*>(p.dy);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const A mean = static_cast<const A*>(p.mean)[set], rstd = rstd_of<A>(p, set);
+  for (int64_t u = warp; u < sp.units; u += sets::kWarps) {
+    const sets::Unit un = sets::unit_of(sp, u);
+    const int64_t c = sets::channel_of(sp, set, un.run), off = sets::run_offset(sp, set, un.run);
+    const A w = p.weight ? A(param_at(p.weight, p.wdtype, c)) : A(1);
+    const PlaneTerms<A> t{mean, rstd * w, kAct == FN_ACT_SILU && p.bias ? A(param_at(p.bias, p.wdtype, c)) : A(0), set};
+    const Vec<T, V>* g = reinterpret_cast<const Vec<T, V>*>(dy + off);
+    A s[2] = {A(0), A(0)};
+    sets::unit_vectors<T, false>(x + off, un, lane, [&](int64_t i, const A(&a)[V]) {
+      A d[V];
+      widen(load_vec<false>(g + i).v, d);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A uu = a[e] - mean, gg = grad_in<kAct>(d[e], uu, t);
+        s[0] += gg;
+        s[1] = fma(gg, uu, s[1]);
+      }
+    });
+    group_sums<2>(s, 32, red);  // a warp: shuffles only
+    if (lane == 0) {
+      unit_sums[2 * u] = s[0];
+      unit_sums[2 * u + 1] = s[1];
+    }
+  }
+  __syncthreads();
+  // Sums over the set of g and g u, each run's weighted by its channel's w (BatchNorm: one channel, so
+  // unweighted here and scaled below).
+  A wsum[2] = {A(0), A(0)};
+  for (int64_t r = threadIdx.x; r < sp.runs; r += sets::kThreads) {
+    A sg = A(0), sgu = A(0);
+    for (int64_t k = 0; k < sp.segs; ++k) {
+      sg += unit_sums[2 * (r * sp.segs + k)];
+      sgu += unit_sums[2 * (r * sp.segs + k) + 1];
+    }
+    A w = A(1);
+    if (sp.channel_per_run) {
+      const int64_t c = sets::channel_of(sp, set, r);
+      if (plane_sums) {
+        const int64_t plane = (set / sp.groups) * p.channels + c;
+        plane_sums[2 * plane] = sg;
+        plane_sums[2 * plane + 1] = sgu;
+      }
+      w = p.weight ? A(param_at(p.weight, p.wdtype, c)) : A(1);
+    }
+    wsum[0] = fma(w, sg, wsum[0]);
+    wsum[1] = fma(w, sgu, wsum[1]);
+  }
+  group_sums<2>(wsum, sets::kThreads, red);  // the warps' calls above left red untouched
+  if (!sp.channel_per_run) {
+    if (threadIdx.x == 0) {
+      if (p.dweight) static_cast<A*>(p.dweight)[set] = rstd * wsum[1];
+      if (p.dbias) static_cast<A*>(p.dbias)[set] = wsum[0];
+    }
+    const A w = p.weight ? A(param_at(p.weight, p.wdtype, set)) : A(1);
+    wsum[0] *= w;
+    wsum[1] *= w;
+  }
+  if (p.dx == nullptr) return;
+  const A kx = -rstd * rstd * rstd * wsum[1] / A(len), k0 = -rstd * wsum[0] / A(len);
+  T* dx = static_cast<T*>(p.dx);
+  for (int64_t u = warp; u < sp.units; u += sets::kWarps) {
+    const sets::Unit un = sets::unit_of(sp, u);
+    const int64_t c = sets::channel_of(sp, set, un.run), off = sets::run_offset(sp, set, un.run);
+    const A w = p.weight ? A(param_at(p.weight, p.wdtype, c)) : A(1);
+    const PlaneTerms<A> t{mean, rstd * w, kAct == FN_ACT_SILU && p.bias ? A(param_at(p.bias, p.wdtype, c)) : A(0), set};
+    const Vec<T, V>* g = reinterpret_cast<const Vec<T, V>*>(dy + off);
+    Vec<T, V>* out = reinterpret_cast<Vec<T, V>*>(dx + off);
+    sets::unit_vectors<T, true>(x + off, un, lane, [&](int64_t i, A(&a)[V]) {
+      A d[V];
+      widen(load_vec<true>(g + i).v, d);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A uu = a[e] - mean;
+        a[e] = fma(t.scale, grad_in<kAct>(d[e], uu, t), fma(kx, uu, k0));
+      }
+      store_vec(out + i, pack<T>(a));
+    });
+  }
+}
+
+template <typename T, int kAct>
+static void launch_dx(const FamilyBackwardParams& p, const Plan& pl, unsigned blocks,
+                      const typename AccOf<T>::type* set_k, cudaStream_t stream) {
+  if (p.mode == FN_BWD_GIVEN) {
+    plane_dx_kernel<T, kAct, true><<<blocks, kThreads, 0, stream>>>(p, pl, set_k);
+  } else {
+    plane_dx_kernel<T, kAct, false><<<blocks, kThreads, 0, stream>>>(p, pl, set_k);
+  }
+}
+
+template <typename T>
+static const char* run_backward(const FamilyBackwardParams& p, cudaStream_t stream) {
+  using A = typename AccOf<T>::type;
+  const Plan pl = plan_of<T>(p);
+  if (p.workspace_bytes < workspace_bytes<A>(pl)) return "family backward workspace too small";
+  const Scratch<A> ws = scratch_of<A>(p, pl);
+  const bool silu = p.activation == FN_ACT_SILU;
+  const bool set_terms = p.dx != nullptr && p.mode != FN_BWD_GIVEN, channel_terms = p.dweight || p.dbias;
+  const sets::SetPlan sp = sets::set_plan<T>(p.n, p.channels, p.spatial, p.groups, p.mode == FN_BWD_BATCH);
+  if (p.mode != FN_BWD_GIVEN && sets::set_path_ok<T>(sp, 2, {p.x, p.dy, p.dx ? p.dx : p.x})) {
+    const size_t smem = size_t(2 * sp.units) * sizeof(A);
+    A* plane_sums = channel_terms && sp.channel_per_run ? ws.sums : nullptr;
+    if (silu) {
+      set_backward_kernel<T, FN_ACT_SILU><<<unsigned(sp.sets), sets::kThreads, smem, stream>>>(p, sp, plane_sums);
+    } else {
+      set_backward_kernel<T, FN_ACT_NONE><<<unsigned(sp.sets), sets::kThreads, smem, stream>>>(p, sp, plane_sums);
+    }
+    if (plane_sums) {  // GroupNorm's dweight / dbias from its plane sums, one piece a plane
+      Plan one = pl;
+      one.per_plane = 1;
+      finalize_kernel<A><<<unsigned((p.channels + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, one, ws, 0);
+    }
+    return launch_result(cudaGetLastError());
+  }
+  const unsigned blocks =
+      unsigned(pl.warp_planes ? (pl.planes + kWarpsPerBlock - 1) / kWarpsPerBlock : pl.pieces);
+  if (set_terms || channel_terms) {
+    if (silu) {
+      plane_sums_kernel<T, FN_ACT_SILU><<<blocks, kThreads, 0, stream>>>(p, pl, ws.sums);
+    } else {
+      plane_sums_kernel<T, FN_ACT_NONE><<<blocks, kThreads, 0, stream>>>(p, pl, ws.sums);
+    }
+    const int64_t set_blocks = set_terms ? (pl.sets + kWarpsPerBlock - 1) / kWarpsPerBlock : 0;
+    const int64_t channel_blocks = channel_terms ? (p.channels + kThreads - 1) / kThreads : 0;
+    finalize_kernel<A><<<unsigned(set_blocks + channel_blocks), kThreads, 0, stream>>>(p, pl, ws, set_blocks);
+  }
+  if (p.dx != nullptr) {
+    if (silu) {
+      launch_dx<T, FN_ACT_SILU>(p, pl, blocks, ws.set_k, stream);
+    } else {
+      launch_dx<T, FN_ACT_NONE>(p, pl, blocks, ws.set_k, stream);
+    }
+  }
+  return launch_result(cudaGetLastError());
+}
+
+}  // namespace backward
+}  // namespace family
+}  // namespace fastnorm
