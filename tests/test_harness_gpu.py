@@ -191,11 +191,15 @@ def test_attacks_on_the_evaluator_on_cuda(attacks):
     good = by["good_layer_norm"]
     assert good.verdict == "ok", good.message
     # The judge's clock agrees with the events to within its wake-up latency, once the loop's own cost
-    # (measured with a null candidate) is taken off.
+    # (measured with a null candidate) is taken off. With device timing that cost is mostly the cover
+    # (flush + spin) queued ahead of each call, which takes longer after a call that left 268 MB of writes
+    # behind than after the null candidate: 0.19 ms on this 8.2 ms model (H100); a few % of the median
+    # allowed, far inside the verdict's 25%.
     t = good.cand_timing
     assert t["mode"] == "device", t
     assert t["median_ms"] * 0.9 - 0.05 <= t["external_median_ms"] - t["loop_overhead_ms"] <= t["median_ms"] * 1.1 + 0.1, t
-    assert t["external_excess_ms"] - t["loop_overhead_ms"] < 0.1, t
+    slack = 0.1 + 0.04 * t["median_ms"] + 2 * (t.get("loop_overhead_spread_ms") or 0.0)
+    assert t["external_excess_ms"] - t["loop_overhead_ms"] < slack, t
 
 
 def test_seed_solution_in_both_timing_modes(tmp_path):
