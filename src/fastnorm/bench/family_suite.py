@@ -135,8 +135,7 @@ def run_row(problem: Path, solution: Path, device: torch.device, *, reps: int, u
             reference_call, new_call = _train_call(model, inputs, dy), _train_call(model_new, inputs, dy)
             error = grads_match(reference_call(), new_call())
         else:
-            with torch.no_grad():
-                reference_call = new_call = None
+            reference_call = new_call = None
         row.ok = error is None
         if error:
             row.note = f"wrong output: {error}"

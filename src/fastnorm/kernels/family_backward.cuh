@@ -259,6 +259,16 @@ __global__ void __launch_bounds__(kThreads) plane_dx_kernel(FamilyBackwardParams
                 });
 }
 
+// A set-path unit's terms: its channel's rstd * w and bias about the set's mean.
+template <typename A, int kAct>
+__device__ __forceinline__ PlaneTerms<A> unit_terms(const FamilyBackwardParams& p, const sets::SetPlan& sp, int64_t set,
+                                                  const sets::Unit& un, A mean, A rstd) {
+  const int64_t c = sets::channel_of(sp, set, un.run);
+  const A w = p.weight ? A(param_at(p.weight, p.wdtype, c)) : A(1);
+  const A b = kAct == FN_ACT_SILU && p.bias ? A(param_at(p.bias, p.wdtype, c)) : A(0);
+  return {mean, rstd * w, b, set};
+}
+
 // One block a set (family_set_kernels.cuh; statistics of x: FN_BWD_GROUPS, FN_BWD_BATCH): the units' two
 // sums, then per run its sums, then the set's (w-weighted) sums, then dx from the data this block just read
 // (in L2). GroupNorm's runs are (sample, channel) planes: their sums go to plane_sums for finalize_kernel's
@@ -279,9 +289,8 @@ __global__ void __launch_bounds__(sets::kThreads, 1) set_backward_kernel(FamilyB
   const A mean = static_cast<const A*>(p.mean)[set], rstd = rstd_of<A>(p, set);
   for (int64_t u = warp; u < sp.units; u += sets::kWarps) {
     const sets::Unit un = sets::unit_of(sp, u);
-    const int64_t c = sets::channel_of(sp, set, un.run), off = sets::run_offset(sp, set, un.run);
-    const A w = p.weight ? A(param_at(p.weight, p.wdtype, c)) : A(1);
-    const PlaneTerms<A> t{mean, rstd * w, kAct == FN_ACT_SILU && p.bias ? A(param_at(p.bias, p.wdtype, c)) : A(0), set};
+    const int64_t off = sets::run_offset(sp, set, un.run);
+    const PlaneTerms<A> t = unit_terms<A, kAct>(p, sp, set, un, mean, rstd);
     const Vec<T, V>* g = reinterpret_cast<const Vec<T, V>*>(dy + off);
     A s[2] = {A(0), A(0)};
     sets::unit_vectors<T, false>(x + off, un, lane, [&](int64_t i, const A(&a)[V]) {
@@ -338,9 +347,8 @@ __global__ void __launch_bounds__(sets::kThreads, 1) set_backward_kernel(FamilyB
   T* dx = static_cast<T*>(p.dx);
   for (int64_t u = warp; u < sp.units; u += sets::kWarps) {
     const sets::Unit un = sets::unit_of(sp, u);
-    const int64_t c = sets::channel_of(sp, set, un.run), off = sets::run_offset(sp, set, un.run);
-    const A w = p.weight ? A(param_at(p.weight, p.wdtype, c)) : A(1);
-    const PlaneTerms<A> t{mean, rstd * w, kAct == FN_ACT_SILU && p.bias ? A(param_at(p.bias, p.wdtype, c)) : A(0), set};
+    const int64_t off = sets::run_offset(sp, set, un.run);
+    const PlaneTerms<A> t = unit_terms<A, kAct>(p, sp, set, un, mean, rstd);
     const Vec<T, V>* g = reinterpret_cast<const Vec<T, V>*>(dy + off);
     Vec<T, V>* out = reinterpret_cast<Vec<T, V>*>(dx + off);
     sets::unit_vectors<T, true>(x + off, un, lane, [&](int64_t i, A(&a)[V]) {
