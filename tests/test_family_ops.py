@@ -235,6 +235,38 @@ def test_gradcheck(case):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
+# Planes of 32+ elements: the fused backward kernels (C++ on the CPU, CUDA), not ATen's or torch ops.
+FUSED_BACKWARD_CASES = {
+    "group_norm": lambda x, w, b: fastnorm.group_norm(x, 2, w, b),
+    "group_norm_silu": lambda x, w, b: fastnorm.group_norm(x, 2, w, b, activation="silu"),
+    "instance_norm": lambda x, w, b: fastnorm.instance_norm(x, weight=w, bias=b),
+    "batch_norm_train": lambda x, w, b: fastnorm.batch_norm(x, None, None, w, b, training=True),
+    "batch_norm_eval": lambda x, w, b: fastnorm.batch_norm(x, _MEAN64.to(x.device), _VAR64.to(x.device), w, b),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(FUSED_BACKWARD_CASES))
+def test_gradcheck_fused_backward(case, device):
+    x = torch.randn(2, 4, 40, dtype=torch.float64, device=device, requires_grad=True)
+    w, b = (torch.randn(4, dtype=torch.float64, device=device, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(FUSED_BACKWARD_CASES[case], (x, w, b))
+
+
+def test_cpu_backward_does_not_depend_on_the_thread_count():
+    x = torch.randn(4, 8, 3000, requires_grad=True)
+    w = torch.rand(8, requires_grad=True)
+    dy = torch.randn_like(x)
+    runs, before = [], torch.get_num_threads()
+    try:
+        for threads in (1, max(2, before)):
+            torch.set_num_threads(threads)
+            runs.append(torch.autograd.grad(fastnorm.group_norm(x, 4, w, w, activation="silu"), (x, w), dy))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 # The statistics' own gradient matters here: the first backward must be a function of x through them.
 GRADGRADCHECK_CASES = ("group_norm", "group_norm_4d", "instance_norm", "instance_norm_eval", "batch_norm_train",
                        "batch_norm_eval")

@@ -59,7 +59,7 @@ at::Tensor p_normalize(const at::Tensor& x, double p, int64_t begin_dim, int64_t
 
 // (dx, dweight, dbias) of group_norm_forward (mode FN_BWD_GROUPS) or batch_norm_forward (FN_BWD_BATCH: batch
 // statistics; FN_BWD_GIVEN: given ones) given dy and the forward's mean / var; dweight and dbias in the
-// accumulator dtype, each undefined where not needed. CUDA only.
+// accumulator dtype, each undefined where not needed.
 std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                                         const c10::optional<at::Tensor>& bias, const at::Tensor& mean,
                                         const at::Tensor& var, int64_t groups, double eps, int64_t activation,

@@ -27,6 +27,7 @@
 // Everything the vector headers need besides themselves, included first so that it is compiled for
 // the baseline instruction set like the other translation units (c10::Half's conversions, for one,
 // depend on the CPU_CAPABILITY macros: one definition for the whole extension).
+#include <limits>
 #include <ATen/NumericUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/Math.h>
@@ -113,6 +114,17 @@ template <> constexpr int dtype_of<c10::Half>() { return FN_F16; }
 template <> constexpr int dtype_of<c10::BFloat16>() { return FN_BF16; }
 
 template <class T> struct Tag { using type = T; };
+
+// Element i of a per-channel parameter of FastnormDtype `dtype` (the family's weight and bias), as double.
+inline double param_at(const void* t, int dtype, int64_t i) {
+  switch (dtype) {
+    case FN_F32: return static_cast<const float*>(t)[i];
+    case FN_F64: return static_cast<const double*>(t)[i];
+    case FN_F16: return static_cast<float>(static_cast<const c10::Half*>(t)[i]);
+    case FN_BF16: return static_cast<float>(static_cast<const c10::BFloat16*>(t)[i]);
+    default: return std::numeric_limits<double>::quiet_NaN();
+  }
+}
 
 template <class TX, class F>
 const char* dispatch_weight(int wdtype, bool affine, F& f) {

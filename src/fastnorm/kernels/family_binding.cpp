@@ -22,6 +22,7 @@ int64_t fastnorm_cuda_family_backward_workspace_bytes(const FamilyBackwardParams
 const char* fastnorm_cuda_family_backward(const FamilyBackwardParams& p, void* stream);
 #else
 const char* fastnorm_cpu_family(const FamilyParams& p);
+const char* fastnorm_cpu_family_backward(const FamilyBackwardParams& p);
 #endif
 
 namespace {
@@ -256,6 +257,9 @@ std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& 
   at::Tensor dx, dweight, dbias;
 #ifdef FASTNORM_CUDA
   TORCH_CHECK(x.is_cuda(), "fastnorm.", op, ": this build runs CUDA tensors, got one on ", x.device());
+#else
+  TORCH_CHECK(x.is_cpu(), "fastnorm.", op, ": this build runs CPU tensors, got one on ", x.device());
+#endif
   const at::Tensor xc = x.contiguous(), dyc = dy.contiguous();
   const at::Tensor m = mean.to(acc).contiguous(), v = var.to(acc).contiguous();
   if (need_dx) dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
@@ -283,6 +287,7 @@ std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& 
   p.activation = int(activation);
   p.dweight = need_dweight ? dweight.data_ptr() : nullptr;
   p.dbias = need_dbias ? dbias.data_ptr() : nullptr;
+#ifdef FASTNORM_CUDA
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   at::Tensor workspace;
   const int64_t bytes = fastnorm_cuda_family_backward_workspace_bytes(p);
@@ -292,9 +297,9 @@ std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& 
     p.workspace_bytes = bytes;
   }
   const char* err = fastnorm_cuda_family_backward(p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == nullptr, "fastnorm kernel failed: ", err);
 #else
-  TORCH_CHECK(false, "fastnorm.", op, ": no CPU kernel (the CPU backward is written with torch ops)");
+  const char* err = fastnorm_cpu_family_backward(p);
 #endif
+  TORCH_CHECK(err == nullptr, "fastnorm kernel failed: ", err);
   return {dx, dweight, dbias};
 }

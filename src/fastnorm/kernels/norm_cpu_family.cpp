@@ -245,15 +245,7 @@ struct Pieces {
   }
 };
 
-double param_at(const void* t, int dtype, int64_t i) {
-  switch (dtype) {
-    case FN_F32: return static_cast<const float*>(t)[i];
-    case FN_F64: return static_cast<const double*>(t)[i];
-    case FN_F16: return static_cast<float>(static_cast<const c10::Half*>(t)[i]);
-    case FN_BF16: return static_cast<float>(static_cast<const c10::BFloat16*>(t)[i]);
-    default: return std::numeric_limits<double>::quiet_NaN();
-  }
-}
+using fastnorm_cpu::param_at;
 
 template <class A>
 void store_stats(const FamilyParams& p, const std::vector<double>& mean, const std::vector<double>& var) {
