@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fastnorm
+from fastnorm.ops import family_ops
 from conftest import assert_matches_reference
 from family_reference import family_kernels  # noqa: F401  (autouse: the extension's kernels or a stand-in)
 from family_reference import reference_batch_norm, reference_group_norm, reference_instance_norm
@@ -251,6 +252,23 @@ def test_gradcheck_fused_backward(case, device):
     x = torch.randn(2, 4, 40, dtype=torch.float64, device=device, requires_grad=True)
     w, b = (torch.randn(4, dtype=torch.float64, device=device, requires_grad=True) for _ in range(2))
     assert torch.autograd.gradcheck(FUSED_BACKWARD_CASES[case], (x, w, b))
+
+
+def test_family_backward_rejects_bad_arguments():
+    ext = family_ops.kernels("cpu")
+    if not hasattr(ext, "family_backward"):
+        pytest.skip("the stand-in kernels have no family_backward")
+    x = torch.randn(2, 4, 64)
+    mean, var = torch.zeros(2, 2), torch.ones(2, 2)
+    call = lambda *a: ext.family_backward(*a, 1e-5, 0, 0, True, False, False)  # noqa: E731
+    with pytest.raises(RuntimeError, match=r"dy has shape \[1, 4, 64\], x \[2, 4, 64\]"):
+        call(x[:1], x, None, None, mean, var, 2)
+    with pytest.raises(RuntimeError, match="mean and var need 4 values, got 2 and 2"):
+        call(x, x, None, None, mean[:1], var[:1], 2)
+    with pytest.raises(RuntimeError, match="3 groups do not divide 4 channels"):
+        call(x, x, None, None, mean, var, 3)
+    with pytest.raises(RuntimeError, match="mean and var on meta"):
+        call(x, x, None, None, mean.to("meta"), var, 2)
 
 
 def test_cpu_backward_does_not_depend_on_the_thread_count():

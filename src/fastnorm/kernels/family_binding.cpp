@@ -251,6 +251,8 @@ std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& 
   const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   TORCH_CHECK(mean.numel() == sets && var.numel() == sets, "fastnorm.", op, ": mean and var need ", num(sets),
               " values, got ", num(mean.numel()), " and ", num(var.numel()));
+  TORCH_CHECK(mean.device() == x.device() && var.device() == x.device(), "fastnorm.", op, ": mean and var on ",
+              mean.device(), " / ", var.device(), ", x on ", x.device());
   FamilyBackwardParams p{};
   at::Tensor w, b;
   p.wdtype = affine_params(weight, bias, x, acc, ch, op, w, b);
