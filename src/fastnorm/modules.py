@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from fastnorm.ops.functional import layer_norm, rms_norm
+from fastnorm.ops.norm_ops import accumulator_dtype, reference_forward
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -52,13 +53,10 @@ class LayerNorm(_InductorUnderCompile, nn.LayerNorm):
 def rms_norm_reference(x, normalized_shape, weight, eps, weight_offset: float = 0.0, out_dtype=None):
     """RMSNorm in PyTorch ops (statistics in float32 or wider, one rounding to `out_dtype`, default x's
     dtype): what patched modules trace to under torch.compile (see _InductorUnderCompile)."""
-    dims = tuple(range(-len(normalized_shape), 0))
-    wide = torch.promote_types(x.dtype, torch.float32)  # float64 stays float64
-    xf = x.to(wide)
+    wide = accumulator_dtype(x.dtype)  # float64 stays float64
     eps = torch.finfo(x.dtype).eps if eps is None else eps
-    y = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
-    if weight is not None:
-        y = y * (weight.to(wide) + weight_offset)
+    w = None if weight is None else weight.to(wide) + weight_offset
+    y = reference_forward(x.to(wide), x.dim() - len(normalized_shape), x.dim(), w, None, eps, rms=True)
     return y.to(x.dtype if out_dtype is None else out_dtype)
 
 

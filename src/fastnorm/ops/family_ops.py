@@ -24,6 +24,7 @@ import math
 import torch
 
 from fastnorm.ops import extension, norm_ops  # noqa: F401  (norm_ops defines the fastnorm library)
+from fastnorm.ops.norm_ops import accumulator_dtype  # noqa: F401  (family_functional's and the tests' too)
 from fastnorm.ops.direct import direct_call_ok
 from fastnorm.ops.library_compat import register_autograd, register_fake
 
@@ -33,11 +34,6 @@ _lib.define("group_norm(Tensor x, Tensor? weight, Tensor? bias, int groups, floa
 _lib.define("batch_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)")
 _lib.define("batch_norm_eval(Tensor x, Tensor? weight, Tensor? bias, Tensor mean, Tensor var, float eps) -> Tensor")
 _lib.define("p_normalize(Tensor x, float p, int begin_dim, int end_dim, float eps, bool mean) -> Tensor")
-
-
-def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the kernels' statistics and sums: float64 for float64 input, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def kernels(device_type: str):
@@ -196,18 +192,29 @@ def _affine_norm_backward(ctx, dy, per_sample: bool, batch_stats: bool):
     return dx, dw, db
 
 
+def _grads_asked(ctx, weight):
+    """(need_dx, need_dweight, need_dbias) of an affine family op's backward."""
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    return need_dx, need_dw and weight is not None, need_db and ctx.bias_dtype is not None
+
+
+def _as_inputs(ctx, x, weight, needs, dx, dw, db):
+    """The gradients in the dtypes (and x's shape) of what they belong to, None where not asked for."""
+    need_dx, need_dw, need_db = needs
+    return (dx.reshape(x.shape).to(x.dtype) if need_dx else None, dw.to(weight.dtype) if need_dw else None,
+            db.to(ctx.bias_dtype) if need_db else None)
+
+
 def _affine_norm_backward_aten(ctx, dy, x, weight, mean, var, bias, per_sample, batch_stats):
     """(dx, dweight, dbias) from ATen's own GroupNorm / BatchNorm backward kernels, given the forward's
     statistics, in the accumulator dtype: CPU calls the fused kernels do not take (planes under
     _MIN_KERNEL_PLANE elements: BatchNorm1d). CUDA's take the torch-op backward until this has run on a GPU.
     x goes in centered (and the mean as 0): ATen sums dy * x and subtracts mean * sum(dy), which at x + 1000
     cancels to 5% errors in dweight. The SiLU epilogue's derivative is applied to dy first (z recomputed
-    from x and the statistics). On a 2-core CPU the torch-op backward took 3-37x eager's time (GroupNorm
-    fp32 16x32x64x64: 112 against 3 ms)."""
+    from x and the statistics)."""
     acc = accumulator_dtype(x.dtype)
     n, c, hw = x.shape[0], x.shape[1], math.prod(x.shape[2:])
-    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    need_dw, need_db = need_dw and weight is not None, need_db and ctx.bias_dtype is not None
+    needs = _grads_asked(ctx, weight)
     # ATen sizes dweight / dbias after the weight: ones stand in for none
     w = torch.ones(c, dtype=acc, device=x.device) if weight is None else weight.to(acc)
     mean, rstd = mean.to(acc), torch.rsqrt(var.to(acc) + ctx.eps)
@@ -225,7 +232,7 @@ def _affine_norm_backward_aten(ctx, dy, x, weight, mean, var, bias, per_sample, 
         sig = torch.sigmoid(z)
         g = g * (sig * (1 + z * (1 - sig)))
     # contiguous: ATen's kernels walk both as (n, c, hw) (an elementwise result keeps x's permuted strides)
-    xc, g, zero, mask = xc.contiguous(), g.contiguous(), torch.zeros_like(mean), [need_dx, need_dw, need_db]
+    xc, g, zero, mask = xc.contiguous(), g.contiguous(), torch.zeros_like(mean), list(needs)
     if per_sample:
         dx, dw, db = torch.ops.aten.native_group_norm_backward(g, xc, zero, rstd, w, n, c, hw, ctx.groups, mask)
     elif batch_stats:
@@ -233,8 +240,7 @@ def _affine_norm_backward_aten(ctx, dy, x, weight, mean, var, bias, per_sample, 
     else:  # given statistics: ATen takes them as the running ones
         dx, dw, db = torch.ops.aten.native_batch_norm_backward(g, xc, w, zero, var.to(acc), None, None, False,
                                                                ctx.eps, mask)
-    return (dx.reshape(x.shape).to(x.dtype) if need_dx else None, dw.to(weight.dtype) if need_dw else None,
-            db.to(ctx.bias_dtype) if need_db else None)
+    return _as_inputs(ctx, x, weight, needs, dx, dw, db)
 
 
 # Planes (the elements of one sample and channel) shorter than this take the torch-op backward: a warp a
@@ -254,13 +260,10 @@ def _affine_norm_backward_kernel(ctx, dy, x, weight, mean, var, bias, per_sample
     ext = kernels(x.device.type)
     if not hasattr(ext, "family_backward"):  # a stand-in or an older build
         return None
-    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-    need_dw, need_db = need_dw and weight is not None, need_db and ctx.bias_dtype is not None
+    needs = _grads_asked(ctx, weight)
     dx, dw, db = ext.family_backward(dy, x, weight, bias, mean, var, ctx.groups, ctx.eps,
-                                     activation_code(ctx.activation), _BWD_MODES[per_sample, batch_stats],
-                                     need_dx, need_dw, need_db)
-    return (dx if need_dx else None, dw.to(weight.dtype) if need_dw else None,
-            db.to(ctx.bias_dtype) if need_db else None)
+                                     activation_code(ctx.activation), _BWD_MODES[per_sample, batch_stats], *needs)
+    return _as_inputs(ctx, x, weight, needs, dx, dw, db)
 
 
 def _group_norm_backward(ctx, dy, dmean, dvar):

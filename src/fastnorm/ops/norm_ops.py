@@ -158,6 +158,11 @@ def _rms_norm_backward(ctx, grad, _grad_stats=None):
     return dx, None, None, dw, None
 
 
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the kernels' statistics and sums: float64 for float64 input, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def reference_forward(x, begin_dim, end_dim, weight, bias, eps, rms):
     """The norm written with differentiable torch ops (weight and bias shaped like x's dims [begin, end))."""
     dims = tuple(range(begin_dim, end_dim))
@@ -183,7 +188,7 @@ def _norm_backward_backward(ctx, gdx, gdw, gdb):
     kernels' backward would be a constant to autograd: create_graph=True would give silently wrong
     second derivatives (gradient penalties, Hessian-vector products)."""
     dy, x, weight, bias = ctx.saved_tensors
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulator_dtype(x.dtype)
     with torch.enable_grad():
         leaves = [None if t is None else t.detach().requires_grad_() for t in (dy, x, weight, bias)]
         ldy, lx, lw, lb = leaves
