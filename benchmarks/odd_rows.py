@@ -1,8 +1,10 @@
 """Scalar-row shapes (odd n, misaligned row starts) of issue 27: fastnorm against PyTorch eager and
 torch.compile, device time with the L2 flushed, % of a device copy. Run on the GPU machine:
-    python benchmarks/odd_rows.py [--alt VAR=VALUE]
-The "alt" column times fastnorm again with VAR=VALUE set (default FASTNORM_WARP_ROWS=0: the row kernel's
-scalar path, as before the warp rows; FASTNORM_WARP_PAIRS=0: 2-byte warp rows one element a lane).
+    python benchmarks/odd_rows.py [--alt VAR=VALUE] [--no-compile]
+The "alt" column times fastnorm again with VAR=VALUE set (default FASTNORM_OFFSET_ROWS=0: the row kernel's
+scalar path, as before the scalar-row kernels; FASTNORM_OFFSET_ROWS=chunked or =warp picks one of the
+two offset-row kernels where both can take a case). A case is (rows, n), dtype, the storage offset of x in elements and
+the padding of its rows (row stride n + pad).
 """
 import argparse
 import os
@@ -14,25 +16,32 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fastnorm_dev.measure import copy_bandwidth, device_line, device_time, flush_buffer, torch_norm  # noqa: E402
 
-CASES = [((100000, 257), torch.float32, 0), ((100000, 257), torch.bfloat16, 0), ((65536, 1000), torch.float32, 1),
-         ((200000, 129), torch.float16, 0), ((32768, 1023), torch.bfloat16, 1), ((100000, 256), torch.float32, 1),
-         ((4096, 771), torch.float32, 0), ((1000000, 1), torch.bfloat16, 0), ((500000, 7), torch.float32, 0),
-         ((122227, 17), torch.float32, 1), ((1000000, 3), torch.float16, 0), ((300000, 31), torch.bfloat16, 1)]
+CASES = [((100000, 257), torch.float32, 0, 0), ((100000, 257), torch.bfloat16, 0, 0),
+         ((65536, 1000), torch.float32, 1, 0), ((200000, 129), torch.float16, 0, 0),
+         ((32768, 1023), torch.bfloat16, 1, 0), ((100000, 256), torch.float32, 1, 0), ((4096, 771), torch.float32, 0, 0),
+         ((1000000, 1), torch.bfloat16, 0, 0), ((500000, 7), torch.float32, 0, 0), ((122227, 17), torch.float32, 1, 0),
+         ((1000000, 3), torch.float16, 0, 0), ((300000, 31), torch.bfloat16, 1, 0),
+         # rows of the sweep (issue 27) past 1024 elements or a warp's width, which took the row kernel's scalar path
+         ((834, 1429), torch.float32, 0, 0), ((36, 3378), torch.float32, 3, 0), ((18120, 5818), torch.float32, 0, 64),
+         ((669317, 32), torch.float32, 2, 0), ((4713, 257), torch.float32, 0, 0), ((11231, 1997), torch.bfloat16, 0, 0),
+         ((16384, 4097), torch.bfloat16, 0, 0), ((8192, 3000), torch.float16, 0, 0)]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--alt", default="FASTNORM_WARP_ROWS=0", help="VAR=VALUE for the alt column")
-    alt_var, alt_value = p.parse_args().alt.split("=", 1)
+    p.add_argument("--alt", default="FASTNORM_OFFSET_ROWS=0", help="VAR=VALUE for the alt column")
+    p.add_argument("--no-compile", action="store_true", help="leave out torch.compile (its column shows n/a)")
+    args = p.parse_args()
+    alt_var, alt_value = args.alt.split("=", 1)
     import fastnorm
     flush = flush_buffer()
     bw = copy_bandwidth(flush)
     print(device_line(bw), f"(alt: {alt_var}={alt_value})", flush=True)
     print(f"{'case':<34}{'fastnorm us':>12}{'%copy':>7}{'alt':>11}{'eager us':>10}{'compile us':>11}"
           f"{'vs compile':>11}")
-    for (m, n), dt, off in CASES:
-        base = torch.randn(m * n + off, device="cuda", dtype=dt)
-        x = base[off:].view(m, n)
+    for (m, n), dt, off, pad in CASES:
+        base = torch.randn(m * (n + pad) + off, device="cuda", dtype=dt)
+        x = base[off:].view(m, n + pad)[:, :n]
         w, b = torch.rand(n, device="cuda", dtype=dt) + 0.5, torch.randn(n, device="cuda", dtype=dt)
         for rms in (False, True):
             ours = (lambda: fastnorm.rms_norm(x, (n,), w, 1e-5)) if rms else (lambda: fastnorm.layer_norm(x, (n,), w, b, 1e-5))
@@ -43,9 +52,9 @@ def main():
             t_row = device_time(ours, flush)
             os.environ.pop(alt_var)
             te = device_time(ref, flush)
-            tc = device_time(torch_norm(x, w, b, rms, compiled=True), flush)
+            tc = float("nan") if args.no_compile else device_time(torch_norm(x, w, b, rms, compiled=True), flush)
             nbytes = 2 * x.numel() * x.element_size()
-            label = f"{'RMS' if rms else 'LN'} {str(dt)[6:]} {m}x{n}{' off1' if off else ''}"
+            label = f"{'RMS' if rms else 'LN'} {str(dt)[6:]} {m}x{n}{f' off{off}' if off else ''}{f' pad{pad}' if pad else ''}"
             print(f"{label:<34}{t * 1e6:>12.1f}{100 * nbytes / t / bw:>7.1f}{t_row * 1e6:>11.1f}{te * 1e6:>10.1f}"
                   f"{tc * 1e6:>11.1f}"
                   f"{tc / t:>10.2f}x  err {err:.1e}", flush=True)

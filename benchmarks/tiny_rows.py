@@ -1,5 +1,5 @@
 """Rows of 1-31 elements (issue 27): the thread-row kernel against the row kernel it replaced
-(FASTNORM_WARP_ROWS=0), device time with the L2 flushed, 1000000 rows each, then torch.profiler's kernel time
+(FASTNORM_OFFSET_ROWS=0), device time with the L2 flushed, 1000000 rows each, then torch.profiler's kernel time
 of one case. Run on the GPU machine: python benchmarks/tiny_rows.py
 """
 import os, sys, torch, fastnorm
@@ -15,7 +15,7 @@ for dt in (torch.float16, torch.bfloat16, torch.float32):
         for rms in (False, True):
             f = (lambda: fastnorm.rms_norm(x, (n,), w, 1e-5)) if rms else (lambda: fastnorm.layer_norm(x, (n,), w, b, 1e-5))
             res.append(device_time(f, flush) * 1e6)
-            os.environ["FASTNORM_WARP_ROWS"] = "0"; res.append(device_time(f, flush) * 1e6); os.environ.pop("FASTNORM_WARP_ROWS")
+            os.environ["FASTNORM_OFFSET_ROWS"] = "0"; res.append(device_time(f, flush) * 1e6); os.environ.pop("FASTNORM_OFFSET_ROWS")
         print(f"{str(dt)[6:]:9s} 1000000x{n:<3d} LN {res[0]:7.1f} (row {res[1]:7.1f})  RMS {res[2]:7.1f} (row {res[3]:7.1f})", flush=True)
 x = torch.randn(1000000, 3, device="cuda", dtype=torch.float16); w = torch.rand(3, device="cuda", dtype=torch.float16) + 0.5
 for _ in range(3): fastnorm.rms_norm(x, (3,), w, 1e-5)

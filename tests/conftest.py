@@ -90,8 +90,11 @@ def _dim_range(x, dim):
     return dims[0], dims[-1] + 1
 
 
-def assert_matches_reference(actual, expected, dtype=None):
-    """`actual` (any float dtype) equals the float64 `expected` within TOLERANCE of its dtype, NaN for NaN."""
+def assert_matches_reference(actual, expected, dtype=None, input_terms=0.0):
+    """`actual` (any float dtype) equals the float64 `expected` within TOLERANCE of its dtype, NaN for NaN.
+    input_terms: the largest |x| * |dy/dx| of the map, where the kernel's statistics are rounded once in the
+    input's own precision (float64): a few ulps of the input on top (backward stable) is all a float64 mean
+    near 1000 can give when a tiny set's rstd amplifies it."""
     dtype = dtype or actual.dtype
     assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     if expected.numel() == 0:
@@ -101,4 +104,5 @@ def assert_matches_reference(actual, expected, dtype=None):
     finite = ~e.isnan()
     scale = max(1.0, e[finite].abs().max().item()) if finite.any() else 1.0
     err = (a[finite] - e[finite]).abs().max().item() / scale if finite.any() else 0.0
-    assert err <= TOLERANCE[dtype], f"max error {err:.3g} (relative to scale {scale:.3g}) > {TOLERANCE[dtype]:g}"
+    tol = TOLERANCE[dtype] + 4 * torch.finfo(dtype).eps * input_terms / scale
+    assert err <= tol, f"max error {err:.3g} (relative to scale {scale:.3g}) > {tol:g}"

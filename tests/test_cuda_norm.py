@@ -81,7 +81,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 4096), (8, 4097),
               (4, 12288), (2, 65536), (3, 100003), (1, 262144), (33, 8192), (130, 2048),
               (150, 65536), (40, 262152), (140, 50001), (600, 24584),  # these four: cluster rows
-              (300, 257), (1000, 3), (200, 1023), (2000, 513), (140, 33),  # scalar rows: the warp-row kernel
+              (300, 257), (1000, 3), (200, 1023), (2000, 513), (140, 33),  # scalar rows: the offset-row kernel
+              (300, 1429), (40, 4973), (3, 8185), (3, 8189), (2, 8191), (1000, 32), (700, 35),  # (to its limits)
               (5000, 1), (3001, 5), (999, 17), (700, 31),  # many tiny rows: the thread-row kernel (float64
               (300001, 7), (200, 16), (200, 24)]  # 17-31: the row kernel); more rows than its grid covers
 
@@ -101,13 +102,18 @@ def test_last_dim(shape, dtype, rms):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n", [1, 5, 17, 31, 32, 100, 256, 1000, 1024])
+@pytest.mark.parametrize("n", [1, 5, 17, 31, 32, 100, 256, 1000, 1024, 1429, 4097, 8185])
 @pytest.mark.parametrize("rms", [False, True])
-def test_misaligned_rows_of_any_length(n, dtype, rms):
-    """Row starts off a 16-byte boundary (x a view one element into its storage, rows n + 3 apart): the
-    thread-row kernel below 32 elements, the warp-row kernel for 32 <= n <= 1024, with many rows (past the
-    few-rows kernel) and every parameter case."""
-    base = make((400, n + 3), dtype, "randn", seed=n)
+@pytest.mark.parametrize("kernel", ["chunked", "warp"])
+@pytest.mark.parametrize("rows", [400, 40])
+def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch):
+    """Row starts off a 16-byte boundary (x a view one element into its storage, rows n + 3 apart, so x's
+    rows and y's start at different offsets): the thread-row kernel below 32 elements, the offset-row kernel
+    from 32, chunked (a group of threads a row, 16-byte chunks) or a warp a row (up to 1024; each forced
+    by FASTNORM_OFFSET_ROWS), with many rows (past the few-rows kernel; rows of 1025+ then take the row
+    kernel) and fewer than SMs (the chunked kernel through shared memory), every parameter case."""
+    monkeypatch.setenv("FASTNORM_OFFSET_ROWS", kernel)
+    base = make((rows, n + 3), dtype, "randn", seed=n)
     x = base[:, 1:n + 1]
     for w, b in [params((n,), dtype, True, n), (None, None)]:
         out = run_op(x, 1, 2, w, None if rms else b, 1e-5, rms)

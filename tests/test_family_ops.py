@@ -105,7 +105,12 @@ def test_instance_norm(shape, dtype, device):
         rv = torch.rand(shape[1], dtype=stat_dtype, device=device) + 0.5
         rm64, rv64 = rm.double(), rv.double()
         y = fastnorm.instance_norm(x, rm, rv, w, b, momentum=0.2)
-        assert_matches_reference(y, reference_instance_norm(x, rm64, rv64, w, b, momentum=0.2))
+        # float64 planes of 2 at x + 1000 can have rstd in the hundreds: the kernel's mean, rounded once in
+        # float64, then costs ulps of x times that (the reference's centered mean does not)
+        dims = list(range(2, x.dim()))
+        rstd = (x.double().var(dims, unbiased=False) + 1e-5).rsqrt().max().item()
+        terms = x.abs().max().item() * rstd * w.abs().max().item() if dtype == torch.float64 else 0.0
+        assert_matches_reference(y, reference_instance_norm(x, rm64, rv64, w, b, momentum=0.2), input_terms=terms)
         assert_matches_reference(rm, rm64, torch.float32)
         assert_matches_reference(rv, rv64, torch.float32)
     x = make_input(shape, "randn", dtype, device)

@@ -126,7 +126,7 @@ def test_selected_sources_hold_what_was_selected_only(selection):
     if selection.device_type == "cuda":
         kernels = {"resident": "resident_row_norm_kernel", "split": "split_slice_kernel",
                    "split_uncached": "split_row_norm_kernel", "row": "row_norm_kernel", "few_rows": "few_rows_kernel",
-                   "warp_rows": "warp_rows_kernel",
+                   "offset_rows": "offset_rows_kernel",
                    "cluster": "cluster_row_norm_kernel", "streamed": "stream_apply_kernel",
                    "channel": "strided_tile_kernel"}
         for family, kernel in kernels.items():

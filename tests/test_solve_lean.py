@@ -98,8 +98,8 @@ def _call(shape, begin, end, dtype="float32"):
 @pytest.mark.parametrize("call,family", [
     (_call((4096, 1024), 1, 2), "row"),
     (_call((8, 4096), 1, 2), "few_rows"),                # fewer rows than SMs, a vector a thread
-    (_call((100000, 257), 1, 2), "warp_rows"),           # scalar rows of 32-1024 elements
-    (_call((100000, 17), 1, 2), "warp_rows"),            # scalar rows shorter than a warp: a thread a row
+    (_call((100000, 257), 1, 2), "offset_rows"),           # scalar rows of 32-8189 elements
+    (_call((100000, 17), 1, 2), "offset_rows"),            # scalar rows shorter than a warp: a thread a row
     (_call((100000, 17), 1, 2, "float64"), "row"),       # float64 rows of 17-31: the row kernel
     (_call((1024, 65536), 1, 2), "cluster"),             # 256 KB rows filling the chip
     (_call((7168, 262144), 1, 2), "split"),              # 1 MB rows: 16 cached slices

@@ -20,7 +20,7 @@ struct RowArgs {
   double eps;
   int tpr;  // threads per row, a power of two
   int rms;
-  void* stats;  // [rows][3] accumulator-type affine maps to save, or null (row, warp-row, thread-row kernels)
+  void* stats;  // [rows][3] accumulator-type affine maps to save, or null (row, offset-row, thread-row kernels)
 };
 
 // Vectors each thread has in flight per batch; 2 where 4 would exceed 64 registers.

@@ -36,7 +36,7 @@ struct NormParams {
   const void* residual;
   void* h;
   int hdtype;
-  // Training (CUDA): where the row, warp-row or thread-row kernel saves each row's affine map (center,
+  // Training (CUDA): where the row, offset-row or thread-row kernel saves each row's affine map (center,
   // offset, rstd: see Affine in cuda_stats.cuh), [outer][3] in the accumulator type, for the backward
   // to read instead of recomputing the statistics. Set only where fastnorm_cuda_saves_stats says one of
   // them takes the call; any other kernel answers an error rather than leave it unwritten.

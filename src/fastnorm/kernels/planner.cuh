@@ -7,7 +7,7 @@
 //                       4 MB+ rows, fewer than SMs, not resident          stream_* (streamed_kernels.cuh)
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
 //                       fewer rows than SMs, at most 1024 vectors         few_rows (few_rows_kernel.cuh)
-//                       scalar rows (odd n, misaligned) of 32-1024        warp_rows (warp_rows_kernel.cuh)
+//                       scalar rows (odd n, misaligned) of 32-16377       offset_rows / warp_rows (offset_rows_kernel.cuh)
 //                       scalar rows of 1-31                              thread_rows (same file, same family)
 //                       longer rows than a block caches, or few of them   split_slice / split_row_norm (split_kernels.cuh)
 //                       everything else (rows of up to 96 KB)             row_norm (row_kernel.cuh)
@@ -43,7 +43,7 @@
 #include "residual_rows.cuh"
 #include "split_kernels.cuh"
 #include "streamed_kernels.cuh"
-#include "warp_rows_kernel.cuh"
+#include "offset_rows_kernel.cuh"
 
 namespace fastnorm {
 
@@ -173,7 +173,7 @@ static inline RowPlan plan_rows(const NormParams& p) {
 }
 
 // Training: the calls whose forward saves each row's affine map for the backward (NormParams::stats):
-// those that the row, warp-row or thread-row kernel takes for sure, aligned or not. Rows of at most
+// those that the row, offset-row or thread-row kernel takes for sure, aligned or not. Rows of at most
 // 64 KB (no cluster, resident or streamed kernel), at least as many as SMs (no few-rows kernel), no
 // tuning override. The binding asks before the forward, and again before the backward, whose tensors
 // may sit at other addresses (a view, a copy under torch.compile): so the answer depends on the
@@ -213,8 +213,8 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
     return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_few_rows<T, W, VEC>(p, stream);
   }
 #endif
-#ifdef FASTNORM_WANT_WARP_ROWS
-  if (warp_rows_take(p, VEC)) return launch_warp_rows<T, W>(p, stream);
+#ifdef FASTNORM_WANT_OFFSET_ROWS
+  if (offset_rows_take(p, VEC)) return offset_rows_chunked(p) ? launch_offset_rows<T, W>(p, stream) : launch_warp_rows<T, W>(p, stream);
   if (thread_rows_take(p, VEC)) return launch_thread_rows<T, W>(p, stream);
 #endif
 #if defined(FASTNORM_WANT_ROW) || defined(FASTNORM_WANT_SPLIT) || defined(FASTNORM_WANT_SPLIT_UNCACHED)

@@ -15,7 +15,7 @@ DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf1
 # norm_forward's kernel families (planner.cuh), in the planner's order of preference; the CPU kernels
 # have "row" (last-dim rows) and "channel" (a non-trailing axis) only.
 FAMILIES = {
-    "cuda": ("resident", "streamed", "cluster", "few_rows", "warp_rows", "split", "split_uncached", "row", "channel", "residual"),
+    "cuda": ("resident", "streamed", "cluster", "few_rows", "offset_rows", "split", "split_uncached", "row", "channel", "residual"),
     "cpu": ("row", "channel"),
 }
 

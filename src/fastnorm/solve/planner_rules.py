@@ -22,8 +22,19 @@ SPLIT_ROWS = 32                # planner.cuh kSplitRows
 CLUSTER_SLICE_BYTES = 64 << 10  # cluster_kernel.cuh kClusterSliceBytes
 MAX_CLUSTER = 8                # cluster_kernel.cuh kMaxCluster
 FEW_ROWS_THREADS = 1024        # few_rows_kernel.cuh kFewRowsThreads
-WARP_ROWS_MAX = 1024  # warp_rows_kernel.cuh warp_rows_take (32-1024) and thread_rows_take (1-31): one family
-THREAD_ROWS_MAX_F64 = 16  # warp_rows_kernel.cuh kThreadRowMaxN: float64 rows of 17-31 take the row kernel
+OFFSET_ROW_MAX_THREADS = 512  # offset_rows_kernel.cuh kOffsetRowMaxThreads: offset_rows_take (32 up to what
+THREAD_ROWS_MAX_F64 = 16  # its chunks cover) and thread_rows_take (1-31), one family; kThreadRowMaxN: float64
+#                           rows of 17-31 take the row kernel
+
+
+OFFSET_ROW_MAX_K = 4  # offset_rows_kernel.cuh kOffsetRowMaxK
+
+
+def offset_rows_cover(n: int, elem: int) -> bool:
+    """offset_rows_kernel.cuh offset_rows_take: the 16-byte chunks a row of n can touch fit 512 threads of
+    4 chunks each (n up to 8189 float32, 16377 2-byte types, 4095 float64)."""
+    vec = 16 // elem
+    return (n + 2 * vec - 2) // vec <= OFFSET_ROW_MAX_THREADS * OFFSET_ROW_MAX_K
 MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
 
 
@@ -148,8 +159,9 @@ def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDev
     if call.outer < dev.sms and call.n // vec <= FEW_ROWS_THREADS and threads <= 0:
         return "few_rows"
     f64_gap = elem_size(call.dtype) == 8 and THREAD_ROWS_MAX_F64 < call.n < 32
-    if vec == 1 and call.n <= WARP_ROWS_MAX and not f64_gap and threads <= 0 and blocks_per_row <= 0:
-        return "warp_rows"
+    if (vec == 1 and offset_rows_cover(call.n, elem_size(call.dtype)) and not f64_gap and threads <= 0
+            and blocks_per_row <= 0):
+        return "offset_rows"
     g = wanted_blocks_per_row(call, dev, blocks_per_row)
     if g > 1 and dev.coop:
         return "split" if _slices_cached(call, dev, threads, g) else "split_uncached"

@@ -1,0 +1,468 @@
+// The kernels of the rows the vector kernels cannot take: odd n, or row starts off a 16-byte boundary
+// (100000x257, x[:, 1:]). Three, by row length and call size (offset_rows_chunked says which):
+//
+// Chunked rows (offset_rows_kernel), rows of 1025 and more, and calls of at most 24 MB whose rows
+// have 128+ elements: a group of `tpr` threads a row (4-512, a power of two), the row in registers.
+// Loads stay 16 bytes wide at any offset: the group reads the aligned 16-byte chunks that cover the
+// row, the first and last partly outside it (bytes of the same 16-byte granule as the row's own, so
+// inside its allocation), and masks the elements outside. A row's offset in its first chunk repeats
+// every VEC rows, so a block takes the rows of one residue modulo VEC, all at one offset, and keeps
+// the weight and bias of their chunks in shared memory, gathered once: the output loop reads them as
+// 16-byte vectors. The grid is what the SMs hold (then grid-stride), so that gathering is paid once a
+// block. Outputs whose row starts at x's offset (x contiguous) leave in 16-byte stores but for a
+// partial chunk at either end; otherwise through shared memory, in y's own chunks (such views with
+// rows of 1025+ only when they are fewer than SMs: offset_rows_take). Before it, rows of
+// 1025+ took the row kernel's scalar path (H100: fp32 834x1429 LN 12.7 us against Liger's 7.9, bf16
+// 11231x1997 LN 122.9 -> 49.2 us with it) and fp32 4096x771 LN 26.1 us (-> 15.1).
+//
+// Warp rows (warp_rows_kernel), the other rows of 32-1024: a warp a row, the row in registers: lane l
+// holds elements l, l + 32, ... (each load instruction of the warp reads consecutive elements, so
+// plain scalar loads coalesce), all of its loads in flight before the first use, and the statistics
+// meet in warp shuffles. On large calls of short rows it was faster than the chunked kernel (bf16
+// 100000x257 LN 67 against 80 us; fp32 248320x59, x misaligned, 56 against 111; benchmarks/NOTES.md).
+//
+// Rows of fewer than 32 elements (1000000x1, 500000x7): a thread a row (thread_rows_kernel below).
+#pragma once
+#include <cstdlib>
+
+#include "cuda_rows.cuh"
+
+namespace fastnorm {
+
+constexpr int kOffsetRowMaxThreads = 512;  // threads a row, at most
+constexpr int kOffsetRowBlock = 256;       // threads a block of narrower groups
+// Chunks (16 bytes, as loaded: widened at each use) a thread holds, at most.
+constexpr int kOffsetRowMaxK = 4;
+
+// K: chunks a thread holds (tpr * K chunks cover the row at any offset). Block b takes the rows
+// b % VEC + VEC * s for its slots s, which share x's offset and y's. Shared memory: the weight and
+// bias of each chunk ([2][chunks] ParamVec), then, with kStaged (y's rows start at other offsets than
+// x's: x a view such as x[:, 1:]), a row of y per group, which the group writes element by element and
+// stores in 16-byte chunks of y. Registers: at most 64 (two blocks of 512 or four of 256 an SM; at 68
+// the fp32 rows of 5818 ran 1.45x slower, one block an SM), but where that spills: K = 4 with the
+// staging, with float16 x (its conversions), or with 2-byte x and float32 weights (a chunk of weights
+// twice as wide).
+template <typename T, typename W, int K, bool kStaged>
+constexpr int kOffsetRowMinBlocks =
+    K == 4 && (kStaged || std::is_same<T, __half>::value || (sizeof(T) == 2 && sizeof(W) == 4)) ? 1 : 2;
+
+template <typename T, typename W, int K, bool kStaged>
+__global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, W, K, kStaged>)) offset_rows_kernel(RowArgs<T, W> a) {
+  using A = typename AccOf<T>::type;
+  constexpr int VEC = 16 / int(sizeof(T));
+  using V = Vec<T, VEC>;
+  using PV = ParamVec<W, VEC>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  __shared__ A sums[2][32];
+  int buf = 0;
+  const int tpr = a.tpr, sh = __ffs(tpr) - 1;
+  const int groups = blockDim.x >> sh;
+  const int group = threadIdx.x >> sh, t = threadIdx.x & (tpr - 1);
+  const int n = int(a.n);
+  const A inv_n = A(1) / A(n);
+  const bool rms = a.rms;
+  const int residue = int(blockIdx.x % VEC);
+  const int off = int((reinterpret_cast<uintptr_t>(a.x + residue * a.x_stride) & 15) / sizeof(T));
+  const int off_y = int((reinterpret_cast<uintptr_t>(a.y + residue * a.n) & 15) / sizeof(T));
+  const int chunks = (off + n + VEC - 1) / VEC, chunks_y = (off_y + n + VEC - 1) / VEC;
+  PV* wc = reinterpret_cast<PV*>(dyn_smem);
+  PV* bc = wc + chunks;
+  V* ys = reinterpret_cast<V*>(bc + chunks) + group * (tpr * K);  // staged rows: element j at j + off_y
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int j = c * VEC + e - off;
+      const int in = j >= 0 && j < n ? j : 0;  // elements outside the row: any value, never stored
+      if (a.w) wc[c].v[e] = a.w[in];
+      if (a.b) bc[c].v[e] = a.b[in];
+    }
+  }
+  __syncthreads();
+  const int64_t slot_step = int64_t(gridDim.x / VEC) * groups;
+  for (int64_t slot = int64_t(blockIdx.x / VEC) * groups; residue + VEC * slot < a.rows; slot += slot_step) {
+    const int64_t row = residue + VEC * (slot + group);
+    const bool active = row < a.rows;
+    const T* xr = a.x + (active ? row : 0) * a.x_stride;
+    const V* xc = reinterpret_cast<const V*>(reinterpret_cast<uintptr_t>(xr) & ~uintptr_t(15));
+    V raw[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = t + k * tpr;
+      if (active && c < chunks) {
+        raw[k] = load_vec<false>(xc + c);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) raw[k].v[e] = from_acc<T>(A(0));  // sums nothing: no row check below
+      }
+    }
+    const A shift = rms || !active ? A(0) : A(to_acc(xr[0]));
+    A total[1] = {A(0)};
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      A v[VEC];
+      widen(raw[k].v, v);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int j = (t + k * tpr) * VEC + e - off;
+        const A d = v[e] - shift;
+        if (j >= 0 && j < n) total[0] = rms ? fma(d, d, total[0]) : total[0] + d;
+      }
+    }
+    group_sums(total, tpr, sums[buf]);
+    buf ^= 1;
+    Affine<A> st;
+    if (rms) {
+      st = affine_of(A(0), A(0), total[0] * inv_n, a.eps, true);
+    } else {
+      const A mean_rel = total[0] * inv_n;
+      A q[1] = {A(0)};
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        A v[VEC];
+        widen(raw[k].v, v);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int j = (t + k * tpr) * VEC + e - off;
+          const A d = (v[e] - shift) - mean_rel;
+          if (j >= 0 && j < n) q[0] = fma(d, d, q[0]);
+        }
+      }
+      group_sums(q, tpr, sums[buf]);
+      buf ^= 1;
+      st = affine_of(shift, mean_rel, q[0] * inv_n, a.eps, false);
+    }
+    if (active && a.stats && t == 0) save_affine(a.stats, row, st);
+    T* yr = a.y + (active ? row : 0) * int64_t(n);
+    V* yc = reinterpret_cast<V*>(reinterpret_cast<uintptr_t>(yr) & ~uintptr_t(15));
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = t + k * tpr;
+      if (!active || c >= chunks) continue;
+      A v[VEC], wv[VEC], bv[VEC];
+      widen(raw[k].v, v);
+      if (a.w) {
+        widen(wc[c].v, wv);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) wv[e] = A(1);
+      }
+      if (a.b) {
+        widen(bc[c].v, bv);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) bv[e] = A(0);
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[e] = fma(normalized(v[e], st), wv[e], bv[e]);
+      const V y = pack<T>(v);
+      const int j0 = c * VEC - off;
+      if (!kStaged && j0 >= 0 && j0 + VEC <= n) {
+        store_vec<false>(yc + c, y);
+      } else {
+        T* dst = kStaged ? reinterpret_cast<T*>(ys) + off_y : yr;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          if (j0 + e >= 0 && j0 + e < n) dst[j0 + e] = y.v[e];
+        }
+      }
+    }
+    if constexpr (kStaged) {  // the group's row of y, from shared memory in y's own chunks
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int c = t + k * tpr;
+        if (!active || c >= chunks_y) continue;
+        const V y = ys[c];
+        const int j0 = c * VEC - off_y;
+        if (j0 >= 0 && j0 + VEC <= n) {
+          store_vec<false>(yc + c, y);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            if (j0 + e >= 0 && j0 + e < n) yr[j0 + e] = y.v[e];
+          }
+        }
+      }
+      __syncthreads();  // the buffer takes the next rows
+    }
+  }
+}
+
+// The warp-row kernel (see the top of the file).
+constexpr int kWarpRowThreads = 256;
+constexpr int kWarpRowMaxK = 32;  // elements a lane holds: rows of up to 32 x 32 = 1024 elements
+
+// The sum over the warp, every lane getting it (group_sums of one value, shuffles only).
+template <typename A>
+__device__ __forceinline__ A warp_sum(A v) {
+  A sum[1] = {v};
+  group_sums(sum, 32, static_cast<A*>(nullptr));
+  return sum[0];
+}
+
+// K: elements a lane holds (rows of 32 * K / 2 < n <= 32 * K elements). Statistics about the row's
+// first element (LayerNorm): sums of x - shift give the mean, then the centered sum of squares.
+template <typename T, typename W, int K>
+__global__ void __launch_bounds__(kWarpRowThreads) warp_rows_kernel(RowArgs<T, W> a) {
+  using A = typename AccOf<T>::type;
+  const int lane = threadIdx.x & 31;
+  const int warps_per_block = blockDim.x >> 5;
+  const int n = int(a.n);
+  const A inv_n = A(1) / A(n);
+  const bool rms = a.rms;
+  for (int64_t row = int64_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5); row < a.rows;
+       row += int64_t(gridDim.x) * warps_per_block) {
+    const T* xr = a.x + row * a.x_stride;
+    A v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int j = lane + 32 * k;
+      v[k] = j < n ? A(to_acc(xr[j])) : A(0);
+    }
+    const A shift = rms ? A(0) : A(to_acc(xr[0]));
+    A s = A(0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (lane + 32 * k < n) s += rms ? v[k] * v[k] : v[k] - shift;
+    }
+    s = warp_sum(s);
+    Affine<A> st;
+    if (rms) {
+      st = affine_of(A(0), A(0), s * inv_n, a.eps, true);
+    } else {
+      const A mean_rel = s * inv_n;
+      A q = A(0);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const A d = (v[k] - shift) - mean_rel;
+        if (lane + 32 * k < n) q = fma(d, d, q);
+      }
+      st = affine_of(shift, mean_rel, warp_sum(q) * inv_n, a.eps, false);
+    }
+    if (a.stats && lane == 0) save_affine(a.stats, row, st);
+    T* yr = a.y + row * int64_t(n);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int j = lane + 32 * k;
+      if (j < n) {
+        A out = normalized(v[k], st);
+        if (a.w) out *= A(to_acc(a.w[j]));
+        if (a.b) out += A(to_acc(a.b[j]));
+        yr[j] = from_acc<T>(out);
+      }
+    }
+  }
+}
+
+// Rows of fewer than 32 elements: a thread per row, the row in registers (K >= n), 128 rows a block.
+// Thread t reads its row's elements one after another: the warp's loads of element j fall in the same
+// few cache lines as its loads of element j - 1, which L1 keeps. Stores do not stay in L1, so the
+// block's outputs meet in shared memory (its rows are contiguous in y) and leave in coalesced stores.
+// (These rows took the row kernel before: 1000000x1 bf16 13.0 us against torch.compile's 5.8, H100.)
+constexpr int kThreadRowThreads = 128;
+// Rows of up to 31 elements (32 and more: the warp-row kernel); float64 up to 16 (31 doubles a thread
+// spilled; its rows of 17-31 stay with the row kernel).
+constexpr int kThreadRowMaxN(int elem_bytes) { return elem_bytes == 8 ? 16 : 31; }
+
+template <typename T, typename W, int K>
+__global__ void __launch_bounds__(kThreadRowThreads) thread_rows_kernel(RowArgs<T, W> a) {
+  using A = typename AccOf<T>::type;
+  __shared__ T tile[kThreadRowThreads * K];
+  const int n = int(a.n);
+  const A inv_n = A(1) / A(n);
+  const bool rms = a.rms;
+  for (int64_t first = int64_t(blockIdx.x) * kThreadRowThreads; first < a.rows;
+       first += int64_t(gridDim.x) * kThreadRowThreads) {
+    const int64_t row = first + threadIdx.x;
+    const int rows = int(a.rows - first < kThreadRowThreads ? a.rows - first : kThreadRowThreads);
+    if (row < a.rows) {
+      const T* xr = a.x + row * a.x_stride;
+      A v[K];
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] = k < n ? A(to_acc(xr[k])) : A(0);
+      Affine<A> st;
+      if (rms) {
+        A s = A(0);
+#pragma unroll
+        for (int k = 0; k < K; ++k) s = fma(v[k], v[k], s);  // zeros past n add nothing
+        st = affine_of(A(0), A(0), s * inv_n, a.eps, true);
+      } else {  // about the row's first element, as the warp-row kernel
+        A s = A(0);
+#pragma unroll
+        for (int k = 0; k < K; ++k) s += k < n ? v[k] - v[0] : A(0);
+        const A mean_rel = s * inv_n;
+        A q = A(0);
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          const A d = (v[k] - v[0]) - mean_rel;
+          q = k < n ? fma(d, d, q) : q;
+        }
+        st = affine_of(v[0], mean_rel, q * inv_n, a.eps, false);
+      }
+      if (a.stats) save_affine(a.stats, row, st);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (k < n) {
+          A out = normalized(v[k], st);
+          if (a.w) out *= A(to_acc(a.w[k]));
+          if (a.b) out += A(to_acc(a.b[k]));
+          tile[threadIdx.x * n + k] = from_acc<T>(out);
+        }
+      }
+    }
+    __syncthreads();
+    T* y = a.y + first * int64_t(n);
+    for (int i = threadIdx.x; i < rows * n; i += kThreadRowThreads) y[i] = tile[i];
+    __syncthreads();  // the tile is rewritten by the next rows
+  }
+}
+
+static inline bool thread_rows_take(const NormParams& p, int vec) {
+  const char* env = std::getenv("FASTNORM_OFFSET_ROWS");
+  if (env && env[0] == '0') return false;
+  return vec == 1 && p.n <= kThreadRowMaxN(elem_size(p.dtype)) && p.threads <= 0 && p.blocks_per_row <= 0;
+}
+
+template <typename T, typename W, int K>
+static inline const void* thread_rows_kernel_of(int64_t n) {
+  if constexpr (K / 2 >= kThreadRowMaxN(int(sizeof(T)))) {  // K / 2 already holds every row it takes
+    return nullptr;
+  } else {
+    if (n <= K) return reinterpret_cast<const void*>(thread_rows_kernel<T, W, K>);
+    return thread_rows_kernel_of<T, W, K * 2>(n);
+  }
+}
+
+template <typename T, typename W>
+static inline const char* launch_thread_rows(const NormParams& p, cudaStream_t stream) {
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 1, p.rms, p.stats};
+  const int64_t blocks = (p.outer + kThreadRowThreads - 1) / kThreadRowThreads;
+  const int64_t cap = int64_t(device_info().sms) * 64;  // a few waves of resident blocks, then grid-stride
+  const void* kernel = thread_rows_kernel_of<T, W, 1>(p.n);
+  void* args[] = {&a};
+  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kThreadRowThreads),
+                                        args, 0, stream));
+}
+
+// Whether the offset-row kernel takes a last-dim call of VEC-wide accesses: scalar rows (VEC 1) of 32
+// elements up to what kOffsetRowMaxThreads threads of kOffsetRowMaxK chunks cover (fp32 8189, 2-byte
+// types 16377, float64 4095), no launch override. Shorter rows would leave threads idle: the
+// thread-row kernel. FASTNORM_OFFSET_ROWS=0 (read at each call, for A/B runs) leaves all three to the row kernel.
+static inline int64_t offset_row_chunks(int64_t n, int elem) {  // the most 16-byte chunks a row can touch
+  const int vec = 16 / elem;
+  return (n + 2 * vec - 2) / vec;
+}
+
+// Whether some residue's rows of y start at another offset in their 16 bytes than x's (x a view).
+static inline bool offset_rows_staged(const NormParams& p) {
+  const int elem = elem_size(p.dtype), vec = 16 / elem;
+  bool staged = false;
+  for (int64_t r = 0; r < vec && r < p.outer; ++r) {
+    const uintptr_t ox = (reinterpret_cast<uintptr_t>(p.x) + uintptr_t(r * p.x_outer_stride * elem)) & 15;
+    staged |= ox != ((reinterpret_cast<uintptr_t>(p.y) + uintptr_t(r * p.n * elem)) & 15);
+  }
+  return staged;
+}
+
+// Rows of 1025+ of a view whose y starts at other offsets (staged) take the chunked kernel only when
+// there are fewer rows than SMs, in blocks of at most 256 threads; else the row kernel, which was
+// faster on them (H100, chunked against the row kernel: bf16 2571x8595 1.37x slower at 512 threads,
+// 1762x4744 1.10x; fp32 28532x3938 1.09x, 331x1536 1.06x; faster on few rows: fp32 9x4973 0.83x,
+// bf16 3x10768 0.62x).
+constexpr int64_t kChunkedRowsBytes = 24 << 20;  // (offset_rows_chunked)
+
+static inline bool offset_rows_take(const NormParams& p, int vec) {
+  const char* env = std::getenv("FASTNORM_OFFSET_ROWS");
+  if (env && env[0] == '0') return false;
+  if (vec != 1 || p.n < 32 || p.threads > 0 || p.blocks_per_row > 0) return false;
+  const int64_t chunks = offset_row_chunks(p.n, elem_size(p.dtype));
+  if (chunks > int64_t(kOffsetRowMaxThreads) * kOffsetRowMaxK) return false;
+  if (p.n <= 32 * kWarpRowMaxK || !offset_rows_staged(p)) return true;
+  return chunks <= int64_t(kOffsetRowBlock) * kOffsetRowMaxK && p.outer < device_info().sms;
+}
+
+// Whether a call offset_rows_take took goes to the chunked kernel, else to the warp-row kernel.
+// FASTNORM_OFFSET_ROWS=chunked or =warp (read at each call, for A/B runs) picks one where both can.
+static inline bool offset_rows_chunked(const NormParams& p) {
+  if (p.n > 32 * kWarpRowMaxK) return true;
+  const char* env = std::getenv("FASTNORM_OFFSET_ROWS");
+  if (env && env[0] == 'c') return true;
+  if (env && env[0] == 'w') return false;
+  return p.n >= 128 && p.outer * p.n * elem_size(p.dtype) <= kChunkedRowsBytes;
+}
+
+template <typename T, typename W, int K>
+static inline const void* offset_rows_kernel_of(int k, bool staged) {
+  if constexpr (K > kOffsetRowMaxK) {
+    return nullptr;
+  } else {
+    if (k <= K) {
+      return staged ? reinterpret_cast<const void*>(offset_rows_kernel<T, W, K, true>)
+                    : reinterpret_cast<const void*>(offset_rows_kernel<T, W, K, false>);
+    }
+    return offset_rows_kernel_of<T, W, K * 2>(k, staged);
+  }
+}
+
+// Threads a row and chunks a thread: the fewest chunk slots that cover the row, then the most chunks
+// a thread (a narrower group reduces in fewer shuffles, and in no barrier when it fits a warp).
+// Blocks: what the SMs hold (FASTNORM_OFFSET_ROW_WAVES times that, for A/B runs), VEC of them for
+// each residue, no more than the rows need.
+template <typename T, typename W>
+static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t stream) {
+  constexpr int kVec = 16 / int(sizeof(T));
+  const int64_t chunks = offset_row_chunks(p.n, int(sizeof(T)));
+  const char* k_env = std::getenv("FASTNORM_OFFSET_ROW_K");  // a lower cap on K, for A/B runs
+  const int k_cap = k_env && std::atoi(k_env) > 0 ? std::atoi(k_env) : kOffsetRowMaxK;
+  int tpr = 0, k = 0;
+  for (int kk = kOffsetRowMaxK; kk >= 1; kk /= 2) {
+    const int t = pow2_at_least((chunks + kk - 1) / kk);
+    if (kk > k_cap && t <= kOffsetRowMaxThreads / 2) continue;
+    if (t > kOffsetRowMaxThreads) break;
+    if (tpr == 0 || int64_t(t) * kk < int64_t(tpr) * k) tpr = t, k = kk;
+  }
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, tpr, p.rms, p.stats};
+  const int threads = tpr > kOffsetRowBlock ? tpr : kOffsetRowBlock;
+  const int groups = threads / tpr;
+  const bool staged = offset_rows_staged(p);
+  const size_t smem = size_t(chunks) * 2 * sizeof(ParamVec<W, kVec>) + (staged ? size_t(threads) * k * 16 : 0);
+  const void* kernel = offset_rows_kernel_of<T, W, 1>(k, staged);
+  static bool smem_allowed[2][8] = {};
+  if (!smem_allowed[staged][k & 7]) allow_smem(kernel), smem_allowed[staged][k & 7] = true;
+  const char* env = std::getenv("FASTNORM_OFFSET_ROW_WAVES");
+  const int waves = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  int64_t resident = int64_t(device_info().sms) * blocks_per_sm(kernel, threads, smem) * waves;
+  resident = resident / kVec * kVec;
+  if (resident < kVec) resident = kVec;
+  const int64_t per_residue = ((p.outer + kVec - 1) / kVec + groups - 1) / groups;
+  const int64_t blocks = per_residue * kVec < resident ? per_residue * kVec : resident;
+  void* args[] = {&a};
+  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks)), dim3(threads), args, smem, stream));
+}
+
+template <typename T, typename W, int K>
+static inline const void* warp_rows_kernel_of(int64_t n) {
+  if constexpr (K > kWarpRowMaxK) {
+    return nullptr;
+  } else {
+    if (n <= 32 * K) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K>);
+    return warp_rows_kernel_of<T, W, K * 2>(n);
+  }
+}
+
+template <typename T, typename W>
+static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t stream) {
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 32, p.rms, p.stats};
+  const int warps_per_block = kWarpRowThreads / 32;
+  const int64_t blocks = (p.outer + warps_per_block - 1) / warps_per_block;
+  const int64_t cap = int64_t(device_info().sms) * 32;  // a few waves of resident blocks, then grid-stride
+  const void* kernel = warp_rows_kernel_of<T, W, 1>(p.n);
+  void* args[] = {&a};
+  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kWarpRowThreads),
+                                        args, 0, stream));
+}
+
+}  // namespace fastnorm
