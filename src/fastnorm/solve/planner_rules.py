@@ -22,20 +22,18 @@ SPLIT_ROWS = 32                # planner.cuh kSplitRows
 CLUSTER_SLICE_BYTES = 64 << 10  # cluster_kernel.cuh kClusterSliceBytes
 MAX_CLUSTER = 8                # cluster_kernel.cuh kMaxCluster
 FEW_ROWS_THREADS = 1024        # few_rows_kernel.cuh kFewRowsThreads
-OFFSET_ROW_MAX_THREADS = 512  # offset_rows_kernel.cuh kOffsetRowMaxThreads: offset_rows_take (32 up to what
-THREAD_ROWS_MAX_F64 = 16  # its chunks cover) and thread_rows_take (1-31), one family; kThreadRowMaxN: float64
-#                           rows of 17-31 take the row kernel
-
-
-OFFSET_ROW_MAX_K = 4  # offset_rows_kernel.cuh kOffsetRowMaxK
+OFFSET_ROW_MAX_THREADS = 512   # offset_rows_kernel.cuh kOffsetRowMaxThreads
+OFFSET_ROW_MAX_K = 4           # offset_rows_kernel.cuh kOffsetRowMaxK
+THREAD_ROWS_MAX_F64 = 16       # offset_rows_kernel.cuh kThreadRowMaxN: float64 rows of 17-31 take the row kernel
+MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
 
 
 def offset_rows_cover(n: int, elem: int) -> bool:
-    """offset_rows_kernel.cuh offset_rows_take: the 16-byte chunks a row of n can touch fit 512 threads of
-    4 chunks each (n up to 8189 float32, 16377 2-byte types, 4095 float64)."""
+    """offset_rows_kernel.cuh offset_rows_take for contiguous rows (32 and more; thread_rows_take, the same
+    family, has 1-31): the 16-byte chunks a row of n can touch fit 512 threads of 4 chunks each (n up to
+    8189 float32, 16377 2-byte types, 4095 float64)."""
     vec = 16 // elem
     return (n + 2 * vec - 2) // vec <= OFFSET_ROW_MAX_THREADS * OFFSET_ROW_MAX_K
-MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
 
 
 @dataclass(frozen=True)
