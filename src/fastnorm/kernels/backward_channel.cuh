@@ -268,8 +268,7 @@ struct ChannelTilePlan {
 // FASTNORM_CHANNEL_BWD (read at each call, for A/B runs): 0 forces the two-kernel path, 1/2/4 caps K
 // (fewer channels a thread: narrower tiles, more blocks an SM).
 static inline int channel_backward_override() {
-  const char* env = std::getenv("FASTNORM_CHANNEL_BWD");
-  return env ? std::atoi(env) : -1;
+  return int(env_int("FASTNORM_CHANNEL_BWD", -1));
 }
 
 template <typename T, typename W, int VEC, int K>

@@ -400,17 +400,15 @@ struct RowBackwardPlan {
 // FASTNORM_ROW_BWD_STAGES (read at each call, for A/B runs): the row backward's buffers, 2-4 (LayerNorm
 // takes at least 3).
 static inline int row_backward_max_stages() {
-  const char* env = std::getenv("FASTNORM_ROW_BWD_STAGES");
-  const int v = env ? std::atoi(env) : 0;
-  return v >= 2 && v <= kBackwardRowMaxStages ? v : 3;
+  const int64_t v = env_int("FASTNORM_ROW_BWD_STAGES", 0);
+  return v >= 2 && v <= kBackwardRowMaxStages ? int(v) : 3;
 }
 
 // FASTNORM_ROW_BWD_SPLIT (read at each call, for A/B runs): blocks a row, at least the fewest that
 // hold it and at most kBackwardMaxCluster.
 static inline int row_backward_split(int least) {
-  const char* env = std::getenv("FASTNORM_ROW_BWD_SPLIT");
-  const int v = env ? std::atoi(env) : 0;
-  return v > least && v <= kBackwardMaxCluster ? v : least;
+  const int64_t v = env_int("FASTNORM_ROW_BWD_SPLIT", 0);
+  return v > least && v <= kBackwardMaxCluster ? int(v) : least;
 }
 
 template <typename T, typename W, int VEC, int K, bool kSplit, bool kSaved, int kDb>
@@ -451,22 +449,19 @@ static inline const void* row_backward_kernel_for(int k, bool split) {
 // recompute them, which costs them no extra read (they are not compiled twice for so rare a case).
 // FASTNORM_ROW_BWD_SAVED=0 (read at each call, for A/B runs) recomputes them anyway.
 static inline bool row_backward_reads_saved() {
-  const char* env = std::getenv("FASTNORM_ROW_BWD_SAVED");
-  return !(env && env[0] == '0');
+  return env_int("FASTNORM_ROW_BWD_SAVED", 1) != 0;
 }
 
 // FASTNORM_ROW_BWD_BIAS_FREE=0 (read at each call, for A/B runs): calls without dbias take the kernels
 // that sum it (and discard the sums).
 static inline bool row_backward_bias_free() {
-  const char* env = std::getenv("FASTNORM_ROW_BWD_BIAS_FREE");
-  return !(env && env[0] == '0');
+  return env_int("FASTNORM_ROW_BWD_BIAS_FREE", 1) != 0;
 }
 
 // FASTNORM_ROW_BWD_DBIAS_SMEM=0 (read at each call, for A/B runs) keeps the dbias sums of 2-byte rows in
 // registers, 8 elements a thread.
 static inline bool row_backward_dbias_smem() {
-  const char* env = std::getenv("FASTNORM_ROW_BWD_DBIAS_SMEM");
-  return !(env && env[0] == '0');
+  return env_int("FASTNORM_ROW_BWD_DBIAS_SMEM", 1) != 0;
 }
 
 template <typename T, typename W, int VEC, int kDb>

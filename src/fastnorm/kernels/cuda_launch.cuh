@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "norm_params.h"
@@ -41,6 +42,13 @@ static inline Device device_info() {
     cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
   }
   return d;
+}
+
+// An integer override from the environment, read at each call (tuning switches for A/B runs):
+// `fallback` where the variable is unset or empty.
+static inline int64_t env_int(const char* name, int64_t fallback) {
+  const char* env = std::getenv(name);
+  return env && *env ? std::atoll(env) : fallback;
 }
 
 static inline int pow2_at_least(int64_t v) {

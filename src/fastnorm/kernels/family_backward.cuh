@@ -32,9 +32,8 @@ struct Plan {
 // a block's setup and reduction would otherwise come every 16 KB. FASTNORM_FAMILY_BWD_PIECE_VECS
 // overrides, for measurements.
 static inline int64_t piece_vectors(int64_t spatial) {
-  const char* env = std::getenv("FASTNORM_FAMILY_BWD_PIECE_VECS");
-  if (env && *env && std::atoll(env) > 0) return std::atoll(env);
-  return spatial >= 65536 ? 8 : 2;
+  const int64_t v = env_int("FASTNORM_FAMILY_BWD_PIECE_VECS", 0);
+  return v > 0 ? v : spatial >= 65536 ? 8 : 2;
 }
 
 template <typename T>

@@ -27,8 +27,7 @@ constexpr int kWarps = kThreads / 32;
 // Bytes a set may hold (x, plus dy in the backward) for the set path; FASTNORM_FAMILY_SET_KB overrides
 // (0 turns the path off), for measurements.
 static inline int64_t set_max_bytes() {
-  const char* env = std::getenv("FASTNORM_FAMILY_SET_KB");
-  return env && *env ? std::atoll(env) * 1024 : int64_t(1024) * 1024;
+  return env_int("FASTNORM_FAMILY_SET_KB", 1024) * 1024;
 }
 
 struct SetPlan {

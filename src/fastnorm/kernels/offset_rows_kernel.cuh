@@ -413,8 +413,8 @@ template <typename T, typename W>
 static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / int(sizeof(T));
   const int64_t chunks = offset_row_chunks(p.n, int(sizeof(T)));
-  const char* k_env = std::getenv("FASTNORM_OFFSET_ROW_K");  // a lower cap on K, for A/B runs
-  const int k_cap = k_env && std::atoi(k_env) > 0 ? std::atoi(k_env) : kOffsetRowMaxK;
+  int64_t k_cap = env_int("FASTNORM_OFFSET_ROW_K", kOffsetRowMaxK);  // a lower cap on K, for A/B runs
+  if (k_cap < 1) k_cap = kOffsetRowMaxK;
   int tpr = 0, k = 0;
   for (int kk = kOffsetRowMaxK; kk >= 1; kk /= 2) {
     const int t = pow2_at_least((chunks + kk - 1) / kk);
@@ -431,8 +431,8 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
   const void* kernel = offset_rows_kernel_of<T, W, 1>(k, staged);
   static bool smem_allowed[2][8] = {};
   if (!smem_allowed[staged][k & 7]) allow_smem(kernel), smem_allowed[staged][k & 7] = true;
-  const char* env = std::getenv("FASTNORM_OFFSET_ROW_WAVES");
-  const int waves = env && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  int64_t waves = env_int("FASTNORM_OFFSET_ROW_WAVES", 1);
+  if (waves < 1) waves = 1;
   int64_t resident = int64_t(device_info().sms) * blocks_per_sm(kernel, threads, smem) * waves;
   resident = resident / kVec * kVec;
   if (resident < kVec) resident = kVec;
