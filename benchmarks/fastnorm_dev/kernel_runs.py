@@ -31,8 +31,9 @@ def run_sanitize(args):
 
     ext = extension.load("cuda")
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        # row kernel (vector, scalar), split, warp rows, thread rows (several blocks, a partial last block)
-        for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 7), (1000, 1)]:
+        # row kernel (vector, scalar), split, offset rows (chunked: 257; a warp a row: 99), thread rows
+        # (several blocks, a partial last block)
+        for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 99), (3000, 7), (1000, 1)]:
             x = torch.randn(shape, device="cuda", dtype=dtype)
             w = torch.rand(shape[-1], device="cuda", dtype=dtype)
             fastnorm.layer_norm(x, shape[-1:], w, w)
@@ -51,9 +52,12 @@ def run_sanitize(args):
             fastnorm.layer_norm(big, big.shape[-1:], wb, wb)
             fastnorm.rms_norm(big, big.shape[-1:], wb)
             del big, wb
-        x = torch.randn(300, 1025, device="cuda", dtype=dtype)[:, 1:]  # misaligned rows: the warp-row kernel
-        fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
-        fastnorm.rms_norm(x[:, :1023], (1023,), None)
+        x = torch.randn(300, 1025, device="cuda", dtype=dtype)[:, 1:]  # misaligned rows: both offset-row kernels
+        for kernel in ("chunked", "warp"):  # (chunked: y staged through shared memory)
+            os.environ["FASTNORM_OFFSET_ROWS"] = kernel
+            fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
+            fastnorm.rms_norm(x[:, :1023], (1023,), None)
+        os.environ.pop("FASTNORM_OFFSET_ROWS", None)
         ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
         # More slices than the chip holds with a cache: the split kernel without one.
         ext.norm_forward(torch.randn(3, 50000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)

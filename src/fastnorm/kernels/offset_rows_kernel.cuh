@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kWarpRowThreads) warp_rows_kernel(RowArgs<T, W
 // block's outputs meet in shared memory (its rows are contiguous in y) and leave in coalesced stores.
 // (These rows took the row kernel before: 1000000x1 bf16 13.0 us against torch.compile's 5.8, H100.)
 constexpr int kThreadRowThreads = 128;
-// Rows of up to 31 elements (32 and more: the warp-row kernel); float64 up to 16 (31 doubles a thread
+// Rows of up to 31 elements (32 and more: the offset-row kernels); float64 up to 16 (31 doubles a thread
 // spilled; its rows of 17-31 stay with the row kernel).
 constexpr int kThreadRowMaxN(int elem_bytes) { return elem_bytes == 8 ? 16 : 31; }
 
