@@ -243,7 +243,12 @@ def test_more_resident_rows_than_sms(rms):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 64, 32, 32), (2, 1, 8, 8), (3, 100, 3, 5), (2, 300, 16, 16),
-                                   (1, 8, 1, 1), (2, 48, 7, 64), (2, 2000, 4, 4), (2, 1200, 1, 3)])
+                                   (1, 8, 1, 1), (2, 48, 7, 64), (2, 2000, 4, 4), (2, 1200, 1, 3),
+                                   # the column kernel to its limit (16 channels) and the tiles past it; inner
+                                   # 196 and 98: 8- and 4-byte accesses for half types (channel_vec)
+                                   (2, 16, 5, 6), (3, 17, 4, 4), (2, 5, 14, 14), (3, 6, 7, 14), (2, 40, 7, 14),
+                                   # few tiles, narrowed to fill the chip; odd inner with many channels
+                                   (2, 701, 14, 14), (8, 113, 31, 33)])
 def test_channel_axis(shape, dtype, rms):
     x = make(shape, dtype, "randn", seed=sum(shape))
     w, b = params(shape[1:2], dtype, True, seed=7)
@@ -251,9 +256,24 @@ def test_channel_axis(shape, dtype, rms):
     check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype)
 
 
-def test_channel_axis_offset_fp32():
-    x = make((4, 64, 16, 16), torch.float32, "offset", seed=5)
+@pytest.mark.parametrize("shape", [(4, 64, 16, 16), (4, 5, 16, 16)])
+def test_channel_axis_offset_fp32(shape):
+    x = make(shape, torch.float32, "offset", seed=5)
     check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2, None, None, 1e-5, False), torch.float32, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [(3, 7, 8, 8), (3, 70, 8, 8), (2, 9, 6, 6)])
+def test_channel_axis_misaligned(shape, offset, dtype):
+    """x starting `offset` elements into its storage: each access width the address allows (2-byte
+    types at offset 2: 4-byte accesses), columns and tiles."""
+    numel = shape[0] * shape[1] * shape[2] * shape[3]
+    base = make((numel + offset,), dtype, "randn", seed=offset + shape[1])
+    x = base[offset:].view(shape)
+    w, b = params(shape[1:2], dtype, True, seed=offset)
+    check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b, 1e-5, False), dtype)
+    check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -25,119 +25,182 @@ PROFILE_CASES = {
 }
 
 
-def run_sanitize(args):
+# sanitize's sections, each over every dtype; `--sections` picks some (racecheck over all of them in one
+# process ended with "process didn't terminate successfully" and no hazard on the H100, session 20).
+def _sanitize_rows(ext, dtype):
     import fastnorm
+
+    # row kernel (vector, scalar), split, offset rows (chunked: 257; a warp a row: 99), thread rows
+    # (several blocks, a partial last block)
+    for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 99), (3000, 7), (1000, 1)]:
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        w = torch.rand(shape[-1], device="cuda", dtype=dtype)
+        fastnorm.layer_norm(x, shape[-1:], w, w)
+        fastnorm.rms_norm(x, shape[-1:], w)
+    for shape in [(300, 3 * 8192 + 8), (140, 30001)]:  # cluster rows (vector and scalar), several a cluster
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        w = torch.rand(shape[-1], device="cuda", dtype=dtype)
+        fastnorm.layer_norm(x, shape[-1:], w, w)
+        fastnorm.rms_norm(x, shape[-1:], None)
+    ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
+    # More slices than the chip holds with a cache: the split kernel without one.
+    ext.norm_forward(torch.randn(3, 50000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)
+
+
+def _sanitize_long_rows(ext, dtype):
+    import fastnorm
+
+    # Few rows of 4 MB and more: resident rows (4-8 MB in two row groups; 16 MB float32 LayerNorm stages
+    # its next row in L2), streamed rows (too long to hold on chip).
+    for rows, n in [(3, (8 << 20) // torch.finfo(dtype).bits * 8 + 16),
+                    (3, (4 << 20) // torch.finfo(dtype).bits * 8), (2, 9 << 20), (3, 1 << 22)]:
+        big = torch.randn(rows, n, device="cuda", dtype=dtype)
+        wb = torch.rand(n, device="cuda", dtype=dtype)
+        fastnorm.layer_norm(big, big.shape[-1:], wb, wb)
+        fastnorm.rms_norm(big, big.shape[-1:], wb)
+        del big, wb
+
+
+def _sanitize_offset_rows(ext, dtype):
+    import fastnorm
+
+    x = torch.randn(300, 1025, device="cuda", dtype=dtype)[:, 1:]  # misaligned rows: both offset-row kernels
+    for kernel in ("chunked", "warp"):  # (chunked: y staged through shared memory)
+        os.environ["FASTNORM_OFFSET_ROWS"] = kernel
+        fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
+        fastnorm.rms_norm(x[:, :1023], (1023,), None)
+    os.environ.pop("FASTNORM_OFFSET_ROWS", None)
+
+
+def _sanitize_channels(ext, dtype):
+    import fastnorm
+
+    # Columns (up to 16 channels; also forced into tiles), tiles, registers; each access width (inner 196,
+    # 98, 35); misaligned starts; few tiles narrowed to one lane (2x701x14x14); odd inner in batches.
+    for shape, offset in [((2, 5, 3, 7), 0), ((2, 16, 14, 14), 0), ((3, 9, 7, 14), 2), ((2, 64, 8, 16), 0),
+                          ((1, 300, 4, 4), 0), ((1, 3000, 4, 4), 0), ((2, 40, 7, 14), 0), ((2, 70, 5, 7), 1),
+                          ((2, 701, 14, 14), 0), ((2, 113, 31, 33), 0)]:
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
+        x = torch.randn(numel + offset, device="cuda", dtype=dtype)[offset:].view(shape)
+        for column_max in ("", "0"):
+            os.environ["FASTNORM_CHANNEL_COLUMN_MAX"] = column_max
+            fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
+            fastnorm.layer_norm(x, None, torch.rand(shape[1], device="cuda", dtype=dtype), None, dim=1)
+    os.environ.pop("FASTNORM_CHANNEL_COLUMN_MAX", None)
+
+
+def _sanitize_family(ext, dtype):
+    import fastnorm
+
+    # The family: statistics pieces of one long run, grouped short runs, misaligned starts; both
+    # output passes (long rows in vectors after a scalar head, short rows element by element).
+    for shape, groups in [((2, 6, 3001), 3), ((3, 4, 5), 2), ((2, 8, 70001), 1)]:
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        w = torch.rand(shape[1], device="cuda", dtype=dtype)
+        ext.group_norm_forward(x, w, w, groups, 1e-5)
+        ext.batch_norm_forward(x, w, None, None, None, 1e-5)
+        ext.group_norm_forward(torch.randn(x.numel() + 1, device="cuda", dtype=dtype)[1:].view(shape), None, None,
+                               groups, 1e-5)
+    # The family's backward: planes a warp each (35) and in pieces of a block (a partial tail, odd and
+    # misaligned planes), SiLU, batch and given statistics, only some gradients.
+    for shape, groups in [((2, 6, 5, 7), 3), ((2, 4, 3001), 2), ((1, 2, 9000), 1)]:
+        for act in (0, 1):
+            x = torch.randn(shape, device="cuda", dtype=dtype)
+            w = torch.rand(shape[1], device="cuda", dtype=dtype)
+            for mode, sets in ((0, shape[0] * groups), (1, shape[1]), (2, shape[1])):
+                stats = torch.rand(2, sets, device="cuda", dtype=torch.float64 if dtype == torch.float64 else None)
+                ext.family_backward(torch.randn_like(x), x, w, w, stats[0], stats[1], groups, 1e-5, act, mode,
+                                    True, True, True)
+                ext.family_backward(torch.randn_like(x), x, None, None, stats[0], stats[1], groups, 1e-5, act,
+                                    mode, True, False, False)
+    # The set path (a block a set of statistics: a (sample, group)), forward and backward.
+    for shape, groups in [((16, 64, 8, 8), 16), ((8, 32, 24, 24), 32)]:
+        for act in (None, "silu"):
+            x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+            w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
+            fastnorm.group_norm(x, groups, w, w, activation=act).backward(torch.randn_like(x))
+    for shape in [(40, 160, 4, 4), (4, 128, 24, 24)]:  # BatchNorm's: a channel a set
+        x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+        w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
+        fastnorm.batch_norm(x, None, None, w, w, training=True).backward(torch.randn_like(x))
+    for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3)]:
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        ext.p_normalize(x, 1.0, begin, end, 0.0, True)
+        ext.p_normalize(x, 2.0, begin, end, 1e-12, False)
+
+
+def _sanitize_backward(ext, dtype):
+    import fastnorm
+
+    # Backward: fused rows (vector, scalar), long rows, the channel tile kernel (several K, scalar
+    # columns) and, past its n or forced by FASTNORM_CHANNEL_BWD=0, the two channel kernels.
+    # Row backward: many rows a block, so that its ring of 2-4 row buffers wraps (FASTNORM_ROW_BWD_STAGES).
+    for shape, dim in [((7, 1024), 1), ((5, 33), 1), ((3, 20000), 1), ((2, 64, 33, 64), 1), ((2, 100, 16, 20), 1),
+                       ((3, 7, 5, 9), 1), ((2, 200, 8, 16), 1), ((3000, 256), 1), ((1000, 40), 1)]:
+        for force in ("", "0"):
+            os.environ["FASTNORM_CHANNEL_BWD"] = force
+            os.environ["FASTNORM_ROW_BWD_STAGES"] = "3" if force else ""
+            x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+            w = torch.rand(shape[dim], device="cuda", dtype=dtype, requires_grad=True)
+            y = fastnorm.layer_norm(x, None, w, w, dim=dim) if len(shape) > 2 else fastnorm.layer_norm(x, shape[-1:], w, w)
+            y.backward(torch.randn_like(y))
+            y = fastnorm.rms_norm(x, None, w, 1e-5, dim=dim) if len(shape) > 2 else fastnorm.rms_norm(x, shape[-1:], w)
+            y.backward(torch.randn_like(y))
+    os.environ.pop("FASTNORM_CHANNEL_BWD", None)
+    os.environ.pop("FASTNORM_ROW_BWD_STAGES", None)
+    # Row backward blocks of 640 threads (5120 bf16), rows split over clusters of blocks (2, 3 forced
+    # by FASTNORM_ROW_BWD_SPLIT, an unaligned split row), more rows than resident clusters.
+    # (30000: 2-byte dbias sums in shared memory, split; 14336 the same in one block.)
+    for shape, split in [((200, 5120), ""), ((300, 16384), ""), ((40, 5001), ""), ((400, 1000), "3"),
+                         ((150, 14336), ""), ((70, 30000), "")]:
+        os.environ["FASTNORM_ROW_BWD_SPLIT"] = split
+        x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+        w = torch.rand(shape[-1], device="cuda", dtype=dtype, requires_grad=True)
+        fastnorm.layer_norm(x, shape[-1:], w, w).backward(torch.randn(shape, device="cuda", dtype=dtype))
+        fastnorm.rms_norm(x, shape[-1:], w).backward(torch.randn(shape, device="cuda", dtype=dtype))
+    os.environ.pop("FASTNORM_ROW_BWD_SPLIT", None)
+
+
+def _sanitize_residual(ext, dtype):
+    import fastnorm
+
+    # Residual rows (h = x + residual, y = norm(h)), forward and backward, vector and scalar rows.
+    for shape in [(300, 1024), (37, 33), (20, 30000)]:
+        x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+        r = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+        w = torch.rand(shape[-1], device="cuda", dtype=dtype, requires_grad=True)
+        y, h = fastnorm.rms_norm(x, shape[-1:], w, 1e-6, residual=r)
+        torch.autograd.backward([y, h], [torch.randn_like(y), torch.randn_like(h)])
+        y, h = fastnorm.layer_norm(x, shape[-1:], w, w, 1e-5, residual=r)
+        torch.autograd.backward([y, h], [torch.randn_like(y), torch.randn_like(h)])
+
+SANITIZE_SECTIONS = {"rows": _sanitize_rows, "long_rows": _sanitize_long_rows, "offset_rows": _sanitize_offset_rows,
+                     "channels": _sanitize_channels, "family": _sanitize_family, "backward": _sanitize_backward,
+                     "residual": _sanitize_residual}
+
+
+def run_sanitize(args):
     from fastnorm.ops import extension
 
     ext = extension.load("cuda")
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
-        # row kernel (vector, scalar), split, offset rows (chunked: 257; a warp a row: 99), thread rows
-        # (several blocks, a partial last block)
-        for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 99), (3000, 7), (1000, 1)]:
-            x = torch.randn(shape, device="cuda", dtype=dtype)
-            w = torch.rand(shape[-1], device="cuda", dtype=dtype)
-            fastnorm.layer_norm(x, shape[-1:], w, w)
-            fastnorm.rms_norm(x, shape[-1:], w)
-        for shape in [(300, 3 * 8192 + 8), (140, 30001)]:  # cluster rows (vector and scalar), several a cluster
-            x = torch.randn(shape, device="cuda", dtype=dtype)
-            w = torch.rand(shape[-1], device="cuda", dtype=dtype)
-            fastnorm.layer_norm(x, shape[-1:], w, w)
-            fastnorm.rms_norm(x, shape[-1:], None)
-        # Few rows of 4 MB and more: resident rows (4-8 MB in two row groups; 16 MB float32 LayerNorm stages
-        # its next row in L2), streamed rows (too long to hold on chip).
-        for rows, n in [(3, (8 << 20) // torch.finfo(dtype).bits * 8 + 16),
-                        (3, (4 << 20) // torch.finfo(dtype).bits * 8), (2, 9 << 20), (3, 1 << 22)]:
-            big = torch.randn(rows, n, device="cuda", dtype=dtype)
-            wb = torch.rand(n, device="cuda", dtype=dtype)
-            fastnorm.layer_norm(big, big.shape[-1:], wb, wb)
-            fastnorm.rms_norm(big, big.shape[-1:], wb)
-            del big, wb
-        x = torch.randn(300, 1025, device="cuda", dtype=dtype)[:, 1:]  # misaligned rows: both offset-row kernels
-        for kernel in ("chunked", "warp"):  # (chunked: y staged through shared memory)
-            os.environ["FASTNORM_OFFSET_ROWS"] = kernel
-            fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
-            fastnorm.rms_norm(x[:, :1023], (1023,), None)
-        os.environ.pop("FASTNORM_OFFSET_ROWS", None)
-        ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
-        # More slices than the chip holds with a cache: the split kernel without one.
-        ext.norm_forward(torch.randn(3, 50000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)
-        for shape in [(2, 5, 3, 7), (2, 64, 8, 16), (1, 300, 4, 4), (1, 3000, 4, 4)]:  # strided: tiled, registers
-            x = torch.randn(shape, device="cuda", dtype=dtype)
-            fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
-            fastnorm.layer_norm(x, None, torch.rand(shape[1], device="cuda", dtype=dtype), None, dim=1)
-        # The family: statistics pieces of one long run, grouped short runs, misaligned starts; both
-        # output passes (long rows in vectors after a scalar head, short rows element by element).
-        for shape, groups in [((2, 6, 3001), 3), ((3, 4, 5), 2), ((2, 8, 70001), 1)]:
-            x = torch.randn(shape, device="cuda", dtype=dtype)
-            w = torch.rand(shape[1], device="cuda", dtype=dtype)
-            ext.group_norm_forward(x, w, w, groups, 1e-5)
-            ext.batch_norm_forward(x, w, None, None, None, 1e-5)
-            ext.group_norm_forward(torch.randn(x.numel() + 1, device="cuda", dtype=dtype)[1:].view(shape), None, None,
-                                   groups, 1e-5)
-        # The family's backward: planes a warp each (35) and in pieces of a block (a partial tail, odd and
-        # misaligned planes), SiLU, batch and given statistics, only some gradients.
-        for shape, groups in [((2, 6, 5, 7), 3), ((2, 4, 3001), 2), ((1, 2, 9000), 1)]:
-            for act in (0, 1):
-                x = torch.randn(shape, device="cuda", dtype=dtype)
-                w = torch.rand(shape[1], device="cuda", dtype=dtype)
-                for mode, sets in ((0, shape[0] * groups), (1, shape[1]), (2, shape[1])):
-                    stats = torch.rand(2, sets, device="cuda", dtype=torch.float64 if dtype == torch.float64 else None)
-                    ext.family_backward(torch.randn_like(x), x, w, w, stats[0], stats[1], groups, 1e-5, act, mode,
-                                        True, True, True)
-                    ext.family_backward(torch.randn_like(x), x, None, None, stats[0], stats[1], groups, 1e-5, act,
-                                        mode, True, False, False)
-        # The set path (a block a set of statistics: a (sample, group)), forward and backward.
-        for shape, groups in [((16, 64, 8, 8), 16), ((8, 32, 24, 24), 32)]:
-            for act in (None, "silu"):
-                x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
-                w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
-                fastnorm.group_norm(x, groups, w, w, activation=act).backward(torch.randn_like(x))
-        for shape in [(40, 160, 4, 4), (4, 128, 24, 24)]:  # BatchNorm's: a channel a set
-            x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
-            w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
-            fastnorm.batch_norm(x, None, None, w, w, training=True).backward(torch.randn_like(x))
-        for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3)]:
-            x = torch.randn(shape, device="cuda", dtype=dtype)
-            ext.p_normalize(x, 1.0, begin, end, 0.0, True)
-            ext.p_normalize(x, 2.0, begin, end, 1e-12, False)
-        # Backward: fused rows (vector, scalar), long rows, the channel tile kernel (several K, scalar
-        # columns) and, past its n or forced by FASTNORM_CHANNEL_BWD=0, the two channel kernels.
-        # Row backward: many rows a block, so that its ring of 2-4 row buffers wraps (FASTNORM_ROW_BWD_STAGES).
-        for shape, dim in [((7, 1024), 1), ((5, 33), 1), ((3, 20000), 1), ((2, 64, 33, 64), 1), ((2, 100, 16, 20), 1),
-                           ((3, 7, 5, 9), 1), ((2, 200, 8, 16), 1), ((3000, 256), 1), ((1000, 40), 1)]:
-            for force in ("", "0"):
-                os.environ["FASTNORM_CHANNEL_BWD"] = force
-                os.environ["FASTNORM_ROW_BWD_STAGES"] = "3" if force else ""
-                x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
-                w = torch.rand(shape[dim], device="cuda", dtype=dtype, requires_grad=True)
-                y = fastnorm.layer_norm(x, None, w, w, dim=dim) if len(shape) > 2 else fastnorm.layer_norm(x, shape[-1:], w, w)
-                y.backward(torch.randn_like(y))
-                y = fastnorm.rms_norm(x, None, w, 1e-5, dim=dim) if len(shape) > 2 else fastnorm.rms_norm(x, shape[-1:], w)
-                y.backward(torch.randn_like(y))
-        os.environ.pop("FASTNORM_CHANNEL_BWD", None)
-        os.environ.pop("FASTNORM_ROW_BWD_STAGES", None)
-        # Row backward blocks of 640 threads (5120 bf16), rows split over clusters of blocks (2, 3 forced
-        # by FASTNORM_ROW_BWD_SPLIT, an unaligned split row), more rows than resident clusters.
-        # (30000: 2-byte dbias sums in shared memory, split; 14336 the same in one block.)
-        for shape, split in [((200, 5120), ""), ((300, 16384), ""), ((40, 5001), ""), ((400, 1000), "3"),
-                             ((150, 14336), ""), ((70, 30000), "")]:
-            os.environ["FASTNORM_ROW_BWD_SPLIT"] = split
-            x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
-            w = torch.rand(shape[-1], device="cuda", dtype=dtype, requires_grad=True)
-            fastnorm.layer_norm(x, shape[-1:], w, w).backward(torch.randn(shape, device="cuda", dtype=dtype))
-            fastnorm.rms_norm(x, shape[-1:], w).backward(torch.randn(shape, device="cuda", dtype=dtype))
-        os.environ.pop("FASTNORM_ROW_BWD_SPLIT", None)
-        # Residual rows (h = x + residual, y = norm(h)), forward and backward, vector and scalar rows.
-        for shape in [(300, 1024), (37, 33), (20, 30000)]:
-            x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
-            r = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
-            w = torch.rand(shape[-1], device="cuda", dtype=dtype, requires_grad=True)
-            y, h = fastnorm.rms_norm(x, shape[-1:], w, 1e-6, residual=r)
-            torch.autograd.backward([y, h], [torch.randn_like(y), torch.randn_like(h)])
-            y, h = fastnorm.layer_norm(x, shape[-1:], w, w, 1e-5, residual=r)
-            torch.autograd.backward([y, h], [torch.randn_like(y), torch.randn_like(h)])
+        for name in args.sections:
+            SANITIZE_SECTIONS[name](ext, dtype)
     torch.cuda.synchronize()
-    print("sanitize: all paths ran")
+    print(f"sanitize: all paths of {', '.join(args.sections)} ran")
+
+
+
+
+def _sanitize_args(parser):
+    def sections(text):
+        names = [t for t in text.split(",") if t]
+        unknown = [t for t in names if t not in SANITIZE_SECTIONS]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown section(s) {unknown} (choose from {', '.join(SANITIZE_SECTIONS)})")
+        return names
+    parser.add_argument("--sections", type=sections, default=list(SANITIZE_SECTIONS),
+                        help=f"comma-separated, of {', '.join(SANITIZE_SECTIONS)} (default: all)")
 
 
 def run_repro(args):
@@ -217,7 +280,8 @@ def _profile_args(p):
 
 COMMANDS = (
     Command("sanitize", "every CUDA kernel path once on small inputs, for compute-sanitizer (memcheck, "
-            "racecheck)", "compute-sanitizer --tool memcheck python benchmarks/devtool.py sanitize", run_sanitize),
+            "racecheck)", "compute-sanitizer --tool racecheck python benchmarks/devtool.py sanitize --sections channels",
+            run_sanitize, _sanitize_args),
     Command("repro", "one normalization call given on the command line (for compute-sanitizer)",
             "devtool.py repro 3x4194304 bfloat16 ln", run_repro, _repro_args),
     Command("profile", "a few cases: two warm-up calls, then one between cudaProfilerStart/Stop, for "

@@ -2,7 +2,8 @@
 // view (see norm_params.h). Read launch_rows and dispatch_layout at the bottom: they are the table.
 //
 //   layout              call                                              kernel (file)
-//   inner > 1           any (e.g. the channels of NCHW)                   strided_tile / strided_norm (channel_kernels.cuh)
+//   inner > 1           up to 16 channels (e.g. the channels of NCHW)     strided_column (channel_kernels.cuh)
+//                       more channels                                     strided_tile / strided_norm (same file)
 //   inner == 1, rows:   4-17 MB rows the chip can hold (resident_groups)  resident_row_norm (resident_kernel.cuh)
 //                       4 MB+ rows, fewer than SMs, not resident          stream_* (streamed_kernels.cuh)
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
@@ -287,8 +288,7 @@ static inline const char* dispatch_layout(const NormParams& p, cudaStream_t stre
 #endif
   if (p.inner == 1) return row_vec(p) > 1 ? launch_rows<T, W, kVec>(p, stream) : launch_rows<T, W, 1>(p, stream);
 #ifdef FASTNORM_WANT_CHANNEL
-  const bool vec_ok = aligned16(p.x) && aligned16(p.y) && p.inner % kVec == 0 && p.x_outer_stride % kVec == 0;
-  return vec_ok ? launch_strided<T, W, kVec>(p, stream) : launch_strided<T, W, 1>(p, stream);
+  return launch_channels<T, W>(p, stream);
 #else
   return FASTNORM_NOT_BUILT;
 #endif
