@@ -24,7 +24,12 @@ CASES = [((100000, 257), torch.float32, 0, 0), ((100000, 257), torch.bfloat16, 0
          # rows of the sweep (issue 27) past 1024 elements or a warp's width, which took the row kernel's scalar path
          ((834, 1429), torch.float32, 0, 0), ((36, 3378), torch.float32, 3, 0), ((18120, 5818), torch.float32, 0, 64),
          ((669317, 32), torch.float32, 2, 0), ((4713, 257), torch.float32, 0, 0), ((11231, 1997), torch.bfloat16, 0, 0),
-         ((16384, 4097), torch.bfloat16, 0, 0), ((8192, 3000), torch.float16, 0, 0)]
+         ((16384, 4097), torch.bfloat16, 0, 0), ((8192, 3000), torch.float16, 0, 0),
+         # rows under 32 of the sweep (the thread-row kernel): unpadded, at an offset, padded
+         ((1000000, 2), torch.float32, 0, 0), ((1000000, 2), torch.bfloat16, 0, 0), ((950, 26), torch.float32, 0, 0),
+         ((86264, 11), torch.float32, 0, 0), ((726, 2), torch.float16, 0, 0), ((1000000, 4), torch.bfloat16, 1, 0),
+         ((258797, 12), torch.bfloat16, 2, 0), ((15853, 16), torch.float32, 0, 17), ((585623, 8), torch.bfloat16, 0, 1),
+         ((1000000, 19), torch.bfloat16, 0, 3)]
 
 
 def main():

@@ -123,6 +123,22 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
         check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("view", ["expand", "every_other_row", "padded", "offset", "padded_offset"])
+def test_tiny_row_views(view, dtype):
+    """Rows under 32 elements as views: the thread-row kernel reads rows at most K elements apart (K: the
+    register count, a power of two >= n) through shared memory in 16-byte chunks from any offset, and rows
+    farther apart (every other row, an expanded row: 0 apart) element by element."""
+    base = make((2 * 777 + 1, 9), dtype, "randn", seed=len(view))
+    x = {"expand": lambda: base[:1, :5].expand(333, 5), "every_other_row": lambda: base[::2, :7],
+         "padded": lambda: base[:, :7], "offset": lambda: base.flatten()[3:3 + 555 * 6].view(555, 6),
+         "padded_offset": lambda: base[:, 1:6]}[view]()
+    n = x.shape[-1]
+    w, b = params((n,), dtype, True, seed=3)
+    check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype)
+    check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(64, 1024), (33, 8192), (5, 100003), (4, 2**20), (2, 2**22)])
 def test_constant_rows_near_float_max(shape, dtype):

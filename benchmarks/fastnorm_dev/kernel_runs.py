@@ -42,6 +42,12 @@ def _sanitize_rows(ext, dtype):
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
         fastnorm.layer_norm(x, shape[-1:], w, w)
         fastnorm.rms_norm(x, shape[-1:], None)
+    # Thread rows read through shared memory (unpadded, at an offset, a little padding) and from global memory
+    # (rows 9 apart with K = 8), a partial last block.
+    for rows, n, stride, offset in [(3001, 3, 3, 1), (1000, 7, 8, 0), (1000, 7, 9, 0), (300, 31, 32, 3)]:
+        x = torch.randn(rows * stride + offset, device="cuda", dtype=dtype)[offset:].view(rows, stride)[:, :n]
+        fastnorm.layer_norm(x, (n,), torch.rand(n, device="cuda", dtype=dtype), None)
+        fastnorm.rms_norm(x, (n,), None)
     ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
     # More slices than the chip holds with a cache: the split kernel without one.
     ext.norm_forward(torch.randn(3, 50000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)
