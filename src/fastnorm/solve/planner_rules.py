@@ -19,6 +19,7 @@ RESIDENT_ROW_BYTES = 8 << 20   # resident_kernel.cuh kResidentRowBytes
 GROUPED_ROWS = 2               # resident_kernel.cuh kGroupedRows
 RESIDENT_THREADS = 1024        # resident_kernel.cuh kResidentThreads
 SPLIT_ROWS = 32                # planner.cuh kSplitRows
+SHORT_ROW_VECTORS = 16         # planner.cuh kShortRowVectors
 CLUSTER_SLICE_BYTES = 64 << 10  # cluster_kernel.cuh kClusterSliceBytes
 MAX_CLUSTER = 8                # cluster_kernel.cuh kMaxCluster
 FEW_ROWS_THREADS = 1024        # few_rows_kernel.cuh kFewRowsThreads
@@ -173,8 +174,9 @@ def launch_key(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevi
     if device_type == "cpu":
         return (family,)  # the CPU kernels ignore both overrides
     if family == "row":
-        per_thread = 1 if call.outer < dev.sms else 4
-        auto = _pow2_at_least(_ceil(call.n // row_vec(call), per_thread))
+        nvec = call.n // row_vec(call)
+        per_thread = 1 if call.outer < dev.sms else 2 if nvec <= SHORT_ROW_VECTORS else 4
+        auto = _pow2_at_least(_ceil(nvec, per_thread))
         return family, min(threads_hint(threads, 1) or auto, MAX_ROW_THREADS)
     if family in ("split", "split_uncached"):
         return family, threads_hint(threads, 32) or MAX_ROW_THREADS, wanted_blocks_per_row(call, dev, blocks_per_row)
