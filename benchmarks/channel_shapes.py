@@ -6,15 +6,13 @@ The "alt" column times fastnorm again with VAR=VALUE set (default FASTNORM_CHANN
 channel tiles, as before the column kernel, for the calls of 16 channels or fewer). Run it under two
 builds (PYTHONPATH) to compare them: the labels match line for line.
 """
-import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fastnorm_dev.measure import copy_bandwidth, device_line, device_time, flush_buffer  # noqa: E402
+from fastnorm_dev.measure import AltRun, device_time  # noqa: E402
 
 # (op, dtype, shape, offset, pad): the normalized dim is 1.
 CASES = [
@@ -37,15 +35,9 @@ CASES = [
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--alt", default="FASTNORM_CHANNEL_COLUMN_MAX=0", help="VAR=VALUE for the alt column")
-    p.add_argument("--no-compile", action="store_true", help="leave out torch.compile (its column shows nan)")
-    args = p.parse_args()
-    alt_var, alt_value = args.alt.split("=", 1)
+    run = AltRun(__doc__, "FASTNORM_CHANNEL_COLUMN_MAX=0")
     from fastnorm.bench.cases import BenchCase, eager_fn, fastnorm_fn, make_inputs
-    flush = flush_buffer()
-    bw = copy_bandwidth(flush)
-    print(device_line(bw), f"(alt: {alt_var}={alt_value})", flush=True)
+    flush, bw = run.flush, run.bandwidth
     print(f"{'case':<34}{'fastnorm us':>12}{'%copy':>7}{'alt':>9}{'eager us':>10}{'compile us':>11}{'vs compile':>11}")
     for op, dtype, shape, offset, pad in CASES:
         case = BenchCase("channel", op, dtype, shape, (1,), True, offset=offset, pad=pad)
@@ -53,14 +45,10 @@ def main():
         fast, eager = fastnorm_fn(case), eager_fn(case)
         ours, ref = (lambda: fast(x, w, b)), (lambda: eager(x, w, b))
         err = (ours().float() - ref().float()).abs().max().item()
-        t = device_time(ours, flush)
-        os.environ[alt_var] = alt_value
-        t_alt = device_time(ours, flush)
-        os.environ.pop(alt_var)
+        t, t_alt = run.times(ours)
         te = device_time(ref, flush)
-        if args.no_compile:
-            tc = float("nan")
-        else:
+        tc = float("nan")
+        if run.compile:
             torch._dynamo.reset()
             compiled = torch.compile(eager, dynamic=False)
             tc = device_time(lambda: compiled(x, w, b), flush)

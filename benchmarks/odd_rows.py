@@ -6,15 +6,13 @@ scalar path, as before the scalar-row kernels; FASTNORM_OFFSET_ROWS=chunked or =
 two offset-row kernels where both can take a case). A case is (rows, n), dtype, the storage offset of x in elements and
 the padding of its rows (row stride n + pad).
 """
-import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fastnorm_dev.measure import copy_bandwidth, device_line, device_time, flush_buffer, torch_norm  # noqa: E402
+from fastnorm_dev.measure import AltRun, device_time, torch_norm  # noqa: E402
 
 CASES = [((100000, 257), torch.float32, 0, 0), ((100000, 257), torch.bfloat16, 0, 0),
          ((65536, 1000), torch.float32, 1, 0), ((200000, 129), torch.float16, 0, 0),
@@ -33,15 +31,9 @@ CASES = [((100000, 257), torch.float32, 0, 0), ((100000, 257), torch.bfloat16, 0
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--alt", default="FASTNORM_OFFSET_ROWS=0", help="VAR=VALUE for the alt column")
-    p.add_argument("--no-compile", action="store_true", help="leave out torch.compile (its column shows n/a)")
-    args = p.parse_args()
-    alt_var, alt_value = args.alt.split("=", 1)
+    run = AltRun(__doc__, "FASTNORM_OFFSET_ROWS=0")
     import fastnorm
-    flush = flush_buffer()
-    bw = copy_bandwidth(flush)
-    print(device_line(bw), f"(alt: {alt_var}={alt_value})", flush=True)
+    flush, bw = run.flush, run.bandwidth
     print(f"{'case':<34}{'fastnorm us':>12}{'%copy':>7}{'alt':>11}{'eager us':>10}{'compile us':>11}"
           f"{'vs compile':>11}")
     for (m, n), dt, off, pad in CASES:
@@ -52,12 +44,9 @@ def main():
             ours = (lambda: fastnorm.rms_norm(x, (n,), w, 1e-5)) if rms else (lambda: fastnorm.layer_norm(x, (n,), w, b, 1e-5))
             ref = torch_norm(x, w, b, rms)
             err = (ours().float() - ref().float()).abs().max().item()
-            t = device_time(ours, flush)
-            os.environ[alt_var] = alt_value
-            t_row = device_time(ours, flush)
-            os.environ.pop(alt_var)
+            t, t_row = run.times(ours)
             te = device_time(ref, flush)
-            tc = float("nan") if args.no_compile else device_time(torch_norm(x, w, b, rms, compiled=True), flush)
+            tc = device_time(torch_norm(x, w, b, rms, compiled=True), flush) if run.compile else float("nan")
             nbytes = 2 * x.numel() * x.element_size()
             label = f"{'RMS' if rms else 'LN'} {str(dt)[6:]} {m}x{n}{f' off{off}' if off else ''}{f' pad{pad}' if pad else ''}"
             print(f"{label:<34}{t * 1e6:>12.1f}{100 * nbytes / t / bw:>7.1f}{t_row * 1e6:>11.1f}{te * 1e6:>10.1f}"

@@ -5,6 +5,7 @@ Timing here is the tools' own (a fixed number of repetitions, median), not `fast
 plan: the tools compare builds and overrides in one process, where a fixed count keeps rounds alike.
 """
 import argparse
+import os
 import time
 
 import torch
@@ -48,6 +49,32 @@ def copy_bandwidth(flush, reps=30) -> float:
 def device_line(bandwidth: float) -> str:
     """The first line most tools print: which GPU, and the copy bandwidth % of copy is taken against."""
     return f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e9:.0f} GB/s"
+
+
+class AltRun:
+    """The set-up the A/B scripts share (odd_rows.py, channel_shapes.py): `--alt VAR=VALUE` (fastnorm timed
+    again with that variable set, a tuning switch read at each call) and `--no-compile`; the flush buffer,
+    the copy bandwidth and the first line printed."""
+
+    def __init__(self, doc: str, default_alt: str):
+        p = argparse.ArgumentParser(description=doc.split("\n")[0])
+        p.add_argument("--alt", default=default_alt, help="VAR=VALUE for the alt column")
+        p.add_argument("--no-compile", action="store_true", help="leave out torch.compile (its column shows nan)")
+        args = p.parse_args()
+        self.var, self.value = args.alt.split("=", 1)
+        self.compile = not args.no_compile
+        self.flush = flush_buffer()
+        self.bandwidth = copy_bandwidth(self.flush)
+        print(device_line(self.bandwidth), f"(alt: {self.var}={self.value})", flush=True)
+
+    def times(self, fn) -> tuple:
+        """Seconds of fn as it is, then with the alt variable set."""
+        t = device_time(fn, self.flush)
+        os.environ[self.var] = self.value
+        try:
+            return t, device_time(fn, self.flush)
+        finally:
+            os.environ.pop(self.var)
 
 
 def host_us_per_call(fn, calls, device="cuda", wait_for_device=False) -> float:
