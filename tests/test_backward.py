@@ -222,18 +222,22 @@ def test_gradcheck_float64(device, layout, rms, check):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gradient_penalty_in_float32_matches_torch(device):
-    """A WGAN-GP-style penalty, ||d out / d x||^2 differentiated again, in float32 against torch's LayerNorm."""
+    """A WGAN-GP-style penalty, ||d out / d x||^2 differentiated again, in float32 against torch's LayerNorm in
+    float64, within 2e-5 of the largest gradient (CPU, 301 seeds: at most 2.4e-6; an elementwise 1e-4 against
+    torch's own float32 failed once on a cancelling element, seed 150909218)."""
     x = torch.randn(8, 64, device=device, requires_grad=True)
     w = (torch.rand(64, device=device) + 0.5).requires_grad_()
 
-    def penalty(norm):
-        (gx,) = torch.autograd.grad((norm(x) ** 3).sum(), x, create_graph=True)
+    def penalty(norm, x, w):
+        (gx,) = torch.autograd.grad((norm(x, w) ** 3).sum(), x, create_graph=True)
         return torch.autograd.grad((gx ** 2).sum(), (x, w))
 
-    got = penalty(lambda t: fastnorm.layer_norm(t, (64,), w, None))
-    want = penalty(lambda t: torch.nn.functional.layer_norm(t, (64,), w, None))
+    got = penalty(lambda t, w: fastnorm.layer_norm(t, (64,), w, None), x, w)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    want = penalty(lambda t, w: torch.nn.functional.layer_norm(t, (64,), w, None), x64, w64)
     for g, e in zip(got, want):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+        assert g.dtype == torch.float32
+        assert (g.double() - e).abs().max().item() <= 2e-5 * e.abs().max().item()
 
 
 @pytest.mark.parametrize("device", DEVICES)
