@@ -28,7 +28,8 @@
 // Statistics: the row kernel (rows in shared memory) makes passes over the cached row, each ending
 // in a plain sum over the row's threads: a rough mean, then the corrected two-pass sums about it.
 // So do the blocks of the cluster and split-slice kernels over their slices, whose (count, mean, M2)
-// are then merged with Chan's parallel formula. The other kernels compute exact (count, mean, M2)
+// are then merged with Chan's parallel formula, and the channel tiles over their columns (a sum about
+// channel 0, then the exact second pass about the mean). The other kernels compute exact (count, mean, M2)
 // of the values each thread holds and combine them the same way, all relative to one shift (the
 // row's first element), so merged means stay small; the resident kernel sums moments about that
 // shift in double. Either way large offsets (x + 1000) cost no precision, and the output is
