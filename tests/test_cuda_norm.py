@@ -110,8 +110,8 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
     """Row starts off a 16-byte boundary (x a view one element into its storage, rows n + 3 apart, so x's
     rows and y's start at different offsets): the thread-row kernel below 32 elements, the offset-row kernel
     from 32, chunked (a group of threads a row, 16-byte chunks) or a warp a row (up to 1024; each forced
-    by FASTNORM_OFFSET_ROWS), with many rows (past the few-rows kernel; rows of 1025+ then take the row
-    kernel) and fewer than SMs (the chunked kernel through shared memory), every parameter case."""
+    by FASTNORM_OFFSET_ROWS), with many rows (past the few-rows kernel) and fewer than SMs, every parameter
+    case."""
     monkeypatch.setenv("FASTNORM_OFFSET_ROWS", kernel)
     base = make((rows, n + 3), dtype, "randn", seed=n)
     x = base[:, 1:n + 1]
@@ -120,6 +120,30 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
         check(out, reference(x, 1, 2, w, None if rms else b, 1e-5, rms), dtype, x)
     if dtype == torch.float32 and not rms:
         x = (base + 1000.0)[:, 1:n + 1]
+        check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [33, 1000, 1025, 4744, 8189, 8190, 12001, 16377, 16382, 25000, 26000, 32761, 32762])
+@pytest.mark.parametrize("offset", [1, 3])
+@pytest.mark.parametrize("rows", [400, 9])
+def test_shifted_rows(n, dtype, offset, rows):
+    """x a view `offset` elements into a contiguous buffer (rows n apart: every row starts at another offset in
+    its 16 bytes than y's, the sweep's "off3"): the chunked kernel reads each chunk of y as the two chunks of x
+    that hold it, realigned (2-byte types; 4- and 8-byte types only with fewer rows than SMs, else the row
+    kernel). Rows past 512 threads of 4 chunks: bfloat16 takes 8 chunks a thread (with float32 weights up to
+    3200 chunks: n 25000 yes, 26000 no), past that and for the other types the row kernel. Weights in x's
+    dtype and, for the half types, in float32."""
+    flat = make((rows * n + offset,), dtype, "randn", seed=n + offset)
+    x = flat[offset:].view(rows, n)
+    w, b = params((n,), dtype, True, n)
+    cases = [(w, b), (None, None)] + ([(w.float(), b.float())] if dtype in (torch.float16, torch.bfloat16) else [])
+    for w, b in cases:
+        for rms in (False, True):
+            out = run_op(x, 1, 2, w, None if rms else b, 1e-5, rms)
+            check(out, reference(x, 1, 2, w, None if rms else b, 1e-5, rms), dtype, x)
+    if dtype == torch.float32:
+        x = (flat + 1000.0)[offset:].view(rows, n)
         check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
 
 

@@ -71,11 +71,17 @@ def _sanitize_offset_rows(ext, dtype):
     import fastnorm
 
     x = torch.randn(300, 1025, device="cuda", dtype=dtype)[:, 1:]  # misaligned rows: both offset-row kernels
-    for kernel in ("chunked", "warp"):  # (chunked: y staged through shared memory)
+    for kernel in ("chunked", "warp"):  # (chunked: chunks of y read as two of x, realigned)
         os.environ["FASTNORM_OFFSET_ROWS"] = kernel
         fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
         fastnorm.rms_norm(x[:, :1023], (1023,), None)
     os.environ.pop("FASTNORM_OFFSET_ROWS", None)
+    # Contiguous rows a few elements into their buffer (every row shifted against y), the last rows at
+    # the end of the allocation; rows of 8 chunks a thread (past 2048 chunks; float16: the row kernel).
+    for rows, n, offset in [(200, 4744, 3), (3, 8190, 1), (5, 16382, 1), (2, 32761, 3)]:
+        x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
+        fastnorm.layer_norm(x, (n,), torch.rand(n, device="cuda", dtype=dtype), None)
+        fastnorm.rms_norm(x, (n,), None)
 
 
 def _sanitize_channels(ext, dtype):

@@ -56,11 +56,14 @@ class AltRun:
     again with that variable set, a tuning switch read at each call) and `--no-compile`; the flush buffer,
     the copy bandwidth and the first line printed."""
 
-    def __init__(self, doc: str, default_alt: str):
+    def __init__(self, doc: str, default_alt: str, groups: tuple = ()):
         p = argparse.ArgumentParser(description=doc.split("\n")[0])
         p.add_argument("--alt", default=default_alt, help="VAR=VALUE for the alt column")
         p.add_argument("--no-compile", action="store_true", help="leave out torch.compile (its column shows nan)")
+        if groups:
+            p.add_argument("--group", choices=groups, action="append", help="only these groups of cases")
         args = p.parse_args()
+        self.groups = set(getattr(args, "group", None) or groups)
         self.var, self.value = args.alt.split("=", 1)
         self.compile = not args.no_compile
         self.flush = flush_buffer()

@@ -3,17 +3,17 @@
 //
 // Chunked rows (offset_rows_kernel), rows of 1025 and more, and calls of at most 24 MB whose rows
 // have 128+ elements: a group of `tpr` threads a row (4-512, a power of two), the row in registers.
-// Loads stay 16 bytes wide at any offset: the group reads the aligned 16-byte chunks that cover the
-// row, the first and last partly outside it (bytes of the same 16-byte granule as the row's own, so
-// inside its allocation), and masks the elements outside. A row's offset in its first chunk repeats
-// every VEC rows, so a block takes the rows of one residue modulo VEC, all at one offset, and keeps
-// the weight and bias of their chunks in shared memory, gathered once: the output loop reads them as
-// 16-byte vectors. The grid is what the SMs hold (then grid-stride), so that gathering is paid once a
-// block. Outputs whose row starts at x's offset (x contiguous) leave in 16-byte stores but for a
-// partial chunk at either end; otherwise through shared memory, in y's own chunks (such views with
-// rows of 1025+ only when they are fewer than SMs: offset_rows_take). Before it, rows of
-// 1025+ took the row kernel's scalar path (H100: fp32 834x1429 LN 12.7 us against Liger's 7.9, bf16
-// 11231x1997 LN 122.9 -> 49.2 us with it) and fp32 4096x771 LN 26.1 us (-> 15.1).
+// Loads and stores stay 16 bytes wide at any offset: the group works in the aligned 16-byte chunks
+// of y that cover the row, the first and last partly outside it (bytes of the same 16-byte granule
+// as the row's own, so inside its allocation), and masks the elements outside. Where x's rows start
+// at y's offsets (x contiguous) a chunk of y is a chunk of x; otherwise (a view such as x[:, 1:]) it
+// is read as the two chunks of x that hold its elements, realigned in registers. A row's offsets
+// repeat every VEC rows, so a block takes the rows of one residue modulo VEC, all at one offset, and
+// keeps the weight and bias of their chunks in shared memory, gathered once: the output loop reads
+// them as 16-byte vectors. The grid is what the SMs hold (then grid-stride), so that gathering is
+// paid once a block. Before it, rows of 1025+ took the row kernel's scalar path (H100: fp32 834x1429
+// LN 12.7 us against Liger's 7.9, bf16 11231x1997 LN 122.9 -> 49.2 us with it) and fp32 4096x771 LN
+// 26.1 us (-> 15.1).
 //
 // Warp rows (warp_rows_kernel), the other rows of 32-1024: a warp a row, the row in registers: lane l
 // holds elements l, l + 32, ... (each load instruction of the warp reads consecutive elements, so
@@ -33,21 +33,43 @@ constexpr int kOffsetRowMaxThreads = 512;  // threads a row, at most
 constexpr int kOffsetRowBlock = 256;       // threads a block of narrower groups
 // Chunks (16 bytes, as loaded: widened at each use) a thread holds, at most.
 constexpr int kOffsetRowMaxK = 4;
+// Rows longer than 512 threads of kOffsetRowMaxK chunks, bfloat16 only (one block an SM; H100, against the
+// row kernel's scalar path: bf16 1024x30001 LN 128.5 -> 93.2 us, 162x19257 28.1 -> 24.8, 400x25000 at an
+// offset level; fp32 2000x12001 at an offset 20% slower; float16 spilled).
+constexpr int kOffsetRowWideK = 8;
+template <typename T>
+constexpr int kOffsetRowTopK = std::is_same<T, __nv_bfloat16>::value ? kOffsetRowWideK : kOffsetRowMaxK;
 
-// K: chunks a thread holds (tpr * K chunks cover the row at any offset). Block b takes the rows
-// b % VEC + VEC * s for its slots s, which share x's offset and y's. Shared memory: the weight and
-// bias of each chunk ([2][chunks] ParamVec), then, with kStaged (y's rows start at other offsets than
-// x's: x a view such as x[:, 1:]), a row of y per group, which the group writes element by element and
-// stores in 16-byte chunks of y. Registers: at most 64 (two blocks of 512 or four of 256 an SM; at 68
-// the fp32 rows of 5818 ran 1.45x slower, one block an SM), but where that spills: K = 4 with the
-// staging, with float16 x (its conversions), or with 2-byte x and float32 weights (a chunk of weights
-// twice as wide).
-template <typename T, typename W, int K, bool kStaged>
+// Bytes [b, b + 16) of the 32 bytes lo:hi (b < 16, uniform across the block): a chunk of x realigned
+// to y's 16-byte grid. Word i is a funnel shift of words i + b / 4 and i + b / 4 + 1.
+__device__ __forceinline__ uint4 realigned(const uint4& lo, const uint4& hi, int b) {
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const int q = b >> 2;
+  uint32_t s[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) s[i] = q == 0 ? w[i] : q == 1 ? w[i + 1] : q == 2 ? w[i + 2] : w[i + 3];
+  const unsigned r = unsigned(b & 3) * 8;
+  return make_uint4(__funnelshift_r(s[0], s[1], r), __funnelshift_r(s[1], s[2], r), __funnelshift_r(s[2], s[3], r),
+                    __funnelshift_r(s[3], s[4], r));
+}
+
+// K: chunks a thread holds (tpr * K chunks cover the row at any offset). The chunks are y's: chunk c
+// holds the row's elements c * VEC - off_y ... Block b takes the rows b % VEC + VEC * s for its slots s,
+// which share x's offset and y's. With kShifted (x's rows start at other offsets in their 16 bytes
+// than y's: x a view such as x[:, 1:]), each chunk is read as the two chunks of x that hold its
+// elements, realigned in registers (the neighbour's chunk comes from L1: the warp's loads of chunk
+// c + 1 touch the lines of its loads of c); without it x's rows start where y's do. Shared memory: the
+// weight and bias of each chunk ([2][chunks] ParamVec). Registers: at most 64 (two blocks of 512 or
+// four of 256 an SM; at 68 the fp32 rows of 5818 ran 1.45x slower, one block an SM), but where that
+// spills: K = 4 with float16 x (its conversions) or 2-byte x and float32 weights (a chunk of weights
+// twice as wide), and K = 8 (rows of up to 4096 chunks: 512 threads, one block an SM). The realigned
+// loads fit in the same registers.
+template <typename T, typename W, int K>
 constexpr int kOffsetRowMinBlocks =
-    K == 4 && (kStaged || std::is_same<T, __half>::value || (sizeof(T) == 2 && sizeof(W) == 4)) ? 1 : 2;
+    K >= 8 || (K == 4 && (std::is_same<T, __half>::value || (sizeof(T) == 2 && sizeof(W) == 4))) ? 1 : 2;
 
-template <typename T, typename W, int K, bool kStaged>
-__global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, W, K, kStaged>)) offset_rows_kernel(RowArgs<T, W> a) {
+template <typename T, typename W, int K, bool kShifted>
+__global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, W, K>)) offset_rows_kernel(RowArgs<T, W> a) {
   using A = typename AccOf<T>::type;
   constexpr int VEC = 16 / int(sizeof(T));
   using V = Vec<T, VEC>;
@@ -62,16 +84,18 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
   const A inv_n = A(1) / A(n);
   const bool rms = a.rms;
   const int residue = int(blockIdx.x % VEC);
-  const int off = int((reinterpret_cast<uintptr_t>(a.x + residue * a.x_stride) & 15) / sizeof(T));
   const int off_y = int((reinterpret_cast<uintptr_t>(a.y + residue * a.n) & 15) / sizeof(T));
-  const int chunks = (off + n + VEC - 1) / VEC, chunks_y = (off_y + n + VEC - 1) / VEC;
+  const int off = kShifted ? int((reinterpret_cast<uintptr_t>(a.x + residue * a.x_stride) & 15) / sizeof(T)) : off_y;
+  const int chunks = (off_y + n + VEC - 1) / VEC, chunks_x = (off + n + VEC - 1) / VEC;
+  // y's chunk c starts in x's chunk c + lo_c, shift_b bytes in.
+  const int lo_c = off < off_y ? -1 : 0;
+  const int shift_b = (off - off_y - lo_c * VEC) * int(sizeof(T));
   PV* wc = reinterpret_cast<PV*>(dyn_smem);
   PV* bc = wc + chunks;
-  V* ys = reinterpret_cast<V*>(bc + chunks) + group * (tpr * K);  // staged rows: element j at j + off_y
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      const int j = c * VEC + e - off;
+      const int j = c * VEC + e - off_y;
       const int in = j >= 0 && j < n ? j : 0;  // elements outside the row: any value, never stored
       if (a.w) wc[c].v[e] = a.w[in];
       if (a.b) bc[c].v[e] = a.b[in];
@@ -89,7 +113,17 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
     for (int k = 0; k < K; ++k) {
       const int c = t + k * tpr;
       if (active && c < chunks) {
-        raw[k] = load_vec<false>(xc + c);
+        if constexpr (kShifted) {
+          // Only x's own chunks are read (any chunk holding an element of the row is one of them).
+          const int cx = c + lo_c;
+          const uint4 zero = make_uint4(0, 0, 0, 0);
+          const uint4 lo = cx >= 0 ? *reinterpret_cast<const uint4*>(xc + cx) : zero;
+          const uint4 hi = shift_b != 0 && cx + 1 < chunks_x ? *reinterpret_cast<const uint4*>(xc + cx + 1) : zero;
+          const uint4 r = realigned(lo, hi, shift_b);
+          raw[k] = *reinterpret_cast<const V*>(&r);
+        } else {
+          raw[k] = load_vec<false>(xc + c);
+        }
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) raw[k].v[e] = from_acc<T>(A(0));  // sums nothing: no row check below
@@ -103,7 +137,7 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
       widen(raw[k].v, v);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const int j = (t + k * tpr) * VEC + e - off;
+        const int j = (t + k * tpr) * VEC + e - off_y;
         const A d = v[e] - shift;
         if (j >= 0 && j < n) total[0] = rms ? fma(d, d, total[0]) : total[0] + d;
       }
@@ -122,7 +156,7 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
         widen(raw[k].v, v);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const int j = (t + k * tpr) * VEC + e - off;
+          const int j = (t + k * tpr) * VEC + e - off_y;
           const A d = (v[e] - shift) - mean_rel;
           if (j >= 0 && j < n) q[0] = fma(d, d, q[0]);
         }
@@ -155,35 +189,15 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
 #pragma unroll
       for (int e = 0; e < VEC; ++e) v[e] = fma(normalized(v[e], st), wv[e], bv[e]);
       const V y = pack<T>(v);
-      const int j0 = c * VEC - off;
-      if (!kStaged && j0 >= 0 && j0 + VEC <= n) {
+      const int j0 = c * VEC - off_y;
+      if (j0 >= 0 && j0 + VEC <= n) {
         store_vec<false>(yc + c, y);
       } else {
-        T* dst = kStaged ? reinterpret_cast<T*>(ys) + off_y : yr;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          if (j0 + e >= 0 && j0 + e < n) dst[j0 + e] = y.v[e];
+          if (j0 + e >= 0 && j0 + e < n) yr[j0 + e] = y.v[e];
         }
       }
-    }
-    if constexpr (kStaged) {  // the group's row of y, from shared memory in y's own chunks
-      __syncthreads();
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int c = t + k * tpr;
-        if (!active || c >= chunks_y) continue;
-        const V y = ys[c];
-        const int j0 = c * VEC - off_y;
-        if (j0 >= 0 && j0 + VEC <= n) {
-          store_vec<false>(yc + c, y);
-        } else {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            if (j0 + e >= 0 && j0 + e < n) yr[j0 + e] = y.v[e];
-          }
-        }
-      }
-      __syncthreads();  // the buffer takes the next rows
     }
   }
 }
@@ -347,39 +361,47 @@ static inline const char* launch_thread_rows(const NormParams& p, cudaStream_t s
 
 // Whether the offset-row kernel takes a last-dim call of VEC-wide accesses: scalar rows (VEC 1) of 32
 // elements up to what kOffsetRowMaxThreads threads of kOffsetRowMaxK chunks cover (fp32 8189, 2-byte
-// types 16377, float64 4095), no launch override. Shorter rows would leave threads idle: the
-// thread-row kernel. FASTNORM_OFFSET_ROWS=0 (read at each call, for A/B runs) leaves all three to the row kernel.
+// types 16377, float64 4095), bfloat16 up to 32761 (kOffsetRowWideK chunks a thread) where the weight
+// and bias of those chunks fit shared memory (float32 weights: up to 3200 chunks), no launch override.
+// Shorter rows would leave threads idle: the thread-row kernel. FASTNORM_OFFSET_ROWS=0 (read at each
+// call, for A/B runs) leaves all three to the row kernel.
 static inline int64_t offset_row_chunks(int64_t n, int elem) {  // the most 16-byte chunks a row can touch
   const int vec = 16 / elem;
   return (n + 2 * vec - 2) / vec;
 }
 
-// Whether some residue's rows of y start at another offset in their 16 bytes than x's (x a view).
-static inline bool offset_rows_staged(const NormParams& p) {
-  const int elem = elem_size(p.dtype), vec = 16 / elem;
-  bool staged = false;
-  for (int64_t r = 0; r < vec && r < p.outer; ++r) {
-    const uintptr_t ox = (reinterpret_cast<uintptr_t>(p.x) + uintptr_t(r * p.x_outer_stride * elem)) & 15;
-    staged |= ox != ((reinterpret_cast<uintptr_t>(p.y) + uintptr_t(r * p.n * elem)) & 15);
-  }
-  return staged;
+// Shared memory of the chunked kernel: the weight and bias of each chunk, widened as W.
+static inline int64_t offset_row_smem(int64_t chunks, int w_elem, int elem) {
+  return chunks * 2 * int64_t(16 / elem) * w_elem;
 }
 
-// Rows of 1025+ of a view whose y starts at other offsets (staged) take the chunked kernel only when
-// there are fewer rows than SMs, in blocks of at most 256 threads; else the row kernel, which was
-// faster on them (H100, chunked against the row kernel: bf16 2571x8595 1.37x slower at 512 threads,
-// 1762x4744 1.10x; fp32 28532x3938 1.09x, 331x1536 1.06x; faster on few rows: fp32 9x4973 0.83x,
-// bf16 3x10768 0.62x).
+// Whether some residue's rows of y start at another offset in their 16 bytes than x's (x a view).
+static inline bool offset_rows_shifted(const NormParams& p) {
+  const int elem = elem_size(p.dtype), vec = 16 / elem;
+  bool shifted = false;
+  for (int64_t r = 0; r < vec && r < p.outer; ++r) {
+    const uintptr_t ox = (reinterpret_cast<uintptr_t>(p.x) + uintptr_t(r * p.x_outer_stride * elem)) & 15;
+    shifted |= ox != ((reinterpret_cast<uintptr_t>(p.y) + uintptr_t(r * p.n * elem)) & 15);
+  }
+  return shifted;
+}
+
 constexpr int64_t kChunkedRowsBytes = 24 << 20;  // (offset_rows_chunked)
 
 static inline bool offset_rows_take(const NormParams& p, int vec) {
   const char* env = std::getenv("FASTNORM_OFFSET_ROWS");
   if (env && env[0] == '0') return false;
   if (vec != 1 || p.n < 32 || p.threads > 0 || p.blocks_per_row > 0) return false;
-  const int64_t chunks = offset_row_chunks(p.n, elem_size(p.dtype));
-  if (chunks > int64_t(kOffsetRowMaxThreads) * kOffsetRowMaxK) return false;
-  if (p.n <= 32 * kWarpRowMaxK || !offset_rows_staged(p)) return true;
-  return chunks <= int64_t(kOffsetRowBlock) * kOffsetRowMaxK && p.outer < device_info().sms;
+  const int elem = elem_size(p.dtype);
+  const int64_t chunks = offset_row_chunks(p.n, elem);
+  if (chunks <= int64_t(kOffsetRowMaxThreads) * kOffsetRowMaxK) {
+    // Shifted rows of 1025+ 4- and 8-byte elements, as many as SMs: the row kernel's scalar path was
+    // level or faster (fp32 28532x3938 at an offset: RMS 337 against 362 us, LN 409 against 383).
+    return elem == 2 || p.n <= 32 * kWarpRowMaxK || p.outer < device_info().sms || !offset_rows_shifted(p);
+  }
+  const int w_elem = p.wdtype == FN_NONE ? elem : elem_size(p.wdtype);  // no parameters: W is T
+  return p.dtype == FN_BF16 && chunks <= int64_t(kOffsetRowMaxThreads) * kOffsetRowWideK &&  // kOffsetRowTopK
+         offset_row_smem(chunks, w_elem, elem) <= kMaxSmem;
 }
 
 // Whether a call offset_rows_take took goes to the chunked kernel, else to the warp-row kernel.
@@ -393,20 +415,21 @@ static inline bool offset_rows_chunked(const NormParams& p) {
 }
 
 template <typename T, typename W, int K>
-static inline const void* offset_rows_kernel_of(int k, bool staged) {
-  if constexpr (K > kOffsetRowMaxK) {
+static inline const void* offset_rows_kernel_of(int k, bool shifted) {
+  if constexpr (K > kOffsetRowTopK<T>) {
     return nullptr;
   } else {
     if (k <= K) {
-      return staged ? reinterpret_cast<const void*>(offset_rows_kernel<T, W, K, true>)
-                    : reinterpret_cast<const void*>(offset_rows_kernel<T, W, K, false>);
+      return shifted ? reinterpret_cast<const void*>(offset_rows_kernel<T, W, K, true>)
+                     : reinterpret_cast<const void*>(offset_rows_kernel<T, W, K, false>);
     }
-    return offset_rows_kernel_of<T, W, K * 2>(k, staged);
+    return offset_rows_kernel_of<T, W, K * 2>(k, shifted);
   }
 }
 
 // Threads a row and chunks a thread: the fewest chunk slots that cover the row, then the most chunks
-// a thread (a narrower group reduces in fewer shuffles, and in no barrier when it fits a warp).
+// a thread (a narrower group reduces in fewer shuffles, and in no barrier when it fits a warp); K = 8
+// only for rows that 512 threads of 4 chunks do not cover.
 // Blocks: what the SMs hold (FASTNORM_OFFSET_ROW_WAVES times that, for A/B runs), VEC of them for
 // each residue, no more than the rows need.
 template <typename T, typename W>
@@ -422,15 +445,16 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
     if (t > kOffsetRowMaxThreads) break;
     if (tpr == 0 || int64_t(t) * kk < int64_t(tpr) * k) tpr = t, k = kk;
   }
+  if (tpr == 0) tpr = kOffsetRowMaxThreads, k = kOffsetRowWideK;
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, tpr, p.rms, p.stats};
   const int threads = tpr > kOffsetRowBlock ? tpr : kOffsetRowBlock;
   const int groups = threads / tpr;
-  const bool staged = offset_rows_staged(p);
-  const size_t smem = size_t(chunks) * 2 * sizeof(ParamVec<W, kVec>) + (staged ? size_t(threads) * k * 16 : 0);
-  const void* kernel = offset_rows_kernel_of<T, W, 1>(k, staged);
-  static bool smem_allowed[2][8] = {};
-  if (!smem_allowed[staged][k & 7]) allow_smem(kernel), smem_allowed[staged][k & 7] = true;
+  const bool shifted = offset_rows_shifted(p);
+  const size_t smem = size_t(offset_row_smem(chunks, int(sizeof(W)), int(sizeof(T))));
+  const void* kernel = offset_rows_kernel_of<T, W, 1>(k, shifted);
+  static bool smem_allowed[2][16] = {};
+  if (!smem_allowed[shifted][k & 15]) allow_smem(kernel), smem_allowed[shifted][k & 15] = true;
   int64_t waves = env_int("FASTNORM_OFFSET_ROW_WAVES", 1);
   if (waves < 1) waves = 1;
   int64_t resident = int64_t(device_info().sms) * blocks_per_sm(kernel, threads, smem) * waves;

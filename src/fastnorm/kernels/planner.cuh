@@ -9,6 +9,7 @@
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
 //                       fewer rows than SMs, at most 1024 vectors         few_rows (few_rows_kernel.cuh)
 //                       scalar rows (odd n, misaligned) of 32-16377       offset_rows / warp_rows (offset_rows_kernel.cuh)
+//                       (bfloat16 up to 32761)
 //                       scalar rows of 1-31                              thread_rows (same file, same family)
 //                       longer rows than a block caches, or few of them   split_slice / split_row_norm (split_kernels.cuh)
 //                       everything else (rows of up to 96 KB)             row_norm (row_kernel.cuh)

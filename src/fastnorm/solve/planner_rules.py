@@ -25,16 +25,24 @@ MAX_CLUSTER = 8                # cluster_kernel.cuh kMaxCluster
 FEW_ROWS_THREADS = 1024        # few_rows_kernel.cuh kFewRowsThreads
 OFFSET_ROW_MAX_THREADS = 512   # offset_rows_kernel.cuh kOffsetRowMaxThreads
 OFFSET_ROW_MAX_K = 4           # offset_rows_kernel.cuh kOffsetRowMaxK
+OFFSET_ROW_WIDE_K = 8          # offset_rows_kernel.cuh kOffsetRowWideK (bfloat16 only: kOffsetRowTopK)
 THREAD_ROWS_MAX_F64 = 16       # offset_rows_kernel.cuh kThreadRowMaxN: float64 rows of 17-31 take the row kernel
 MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
 
 
-def offset_rows_cover(n: int, elem: int) -> bool:
+def offset_rows_cover(n: int, dtype: str, param_dtype: str | None = None) -> bool:
     """offset_rows_kernel.cuh offset_rows_take for contiguous rows (32 and more; thread_rows_take, the same
     family, has 1-31): the 16-byte chunks a row of n can touch fit 512 threads of 4 chunks each (n up to
-    8189 float32, 16377 2-byte types, 4095 float64)."""
+    8189 float32, 16377 2-byte types, 4095 float64), or of 8 (bfloat16 only) where the weight and bias of
+    those chunks fit shared memory."""
+    elem = elem_size(dtype)
     vec = 16 // elem
-    return (n + 2 * vec - 2) // vec <= OFFSET_ROW_MAX_THREADS * OFFSET_ROW_MAX_K
+    chunks = (n + 2 * vec - 2) // vec
+    if chunks <= OFFSET_ROW_MAX_THREADS * OFFSET_ROW_MAX_K:
+        return True
+    w_elem = elem_size(param_dtype) if param_dtype else elem
+    return dtype == "bfloat16" and chunks <= OFFSET_ROW_MAX_THREADS * OFFSET_ROW_WIDE_K and \
+        chunks * 2 * vec * w_elem <= MAX_SMEM
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,7 @@ def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDev
     if call.outer < dev.sms and call.n // vec <= FEW_ROWS_THREADS and threads <= 0:
         return "few_rows"
     f64_gap = elem_size(call.dtype) == 8 and THREAD_ROWS_MAX_F64 < call.n < 32
-    if (vec == 1 and offset_rows_cover(call.n, elem_size(call.dtype)) and not f64_gap and threads <= 0
+    if (vec == 1 and offset_rows_cover(call.n, call.dtype, call.param_dtype) and not f64_gap and threads <= 0
             and blocks_per_row <= 0):
         return "offset_rows"
     g = wanted_blocks_per_row(call, dev, blocks_per_row)
