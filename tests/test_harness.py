@@ -15,6 +15,7 @@ import torch
 
 from fastnorm.harness import VERDICTS, CandidateResult, EvaluationError, evaluate
 from fastnorm.harness import checks, cli, messages, shared_tensors
+from fastnorm.harness.judge import MIN_TIMED_CALLS
 from fastnorm.harness.timing_verdict import FLOOR_MARGIN
 from fastnorm.harness.channel import ProtocolError, decode_value, encode_value, tensor_leaves
 from fastnorm.harness.report import summarize
@@ -122,7 +123,8 @@ def test_honest_candidate_is_ok_and_timed(runtime_run):
     assert r["cand_ms"] > 0 and r["ref_ms"] > 0
     assert r["speedup"] == pytest.approx(r["ref_ms"] / r["cand_ms"])
     t = r["cand_timing"]
-    assert t["min_ms"] <= t["q1_ms"] <= t["median_ms"] <= t["q3_ms"] and t["trials"] == 3
+    # 3 asked; a candidate gets at least MIN_TIMED_CALLS (the judge's clock check takes their median)
+    assert t["min_ms"] <= t["q1_ms"] <= t["median_ms"] <= t["q3_ms"] and t["trials"] == max(3, MIN_TIMED_CALLS)
     assert r["achieved_gbps"] > 0 and r["pct_of_copy_bw"] > 0
 
 

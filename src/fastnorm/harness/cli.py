@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None,
                    help="cuda (every visible GPU), cuda:N or cpu (default: cuda when a GPU is visible)")
     p.add_argument("--trials", type=int, default=5, help="correctness trials, distinct input seeds (default 5)")
-    p.add_argument("--perf-trials", type=int, default=100, help="timed runs per model (default 100)")
+    p.add_argument("--perf-trials", type=int, default=100, help="timed runs per model (default 100; a candidate gets at least 5: the judge's clock check takes their median)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs before timing (default 3)")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance (default 1e-4 fp32, 1e-2 fp16/bf16)")
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (default 1e-4 fp32, 1e-2 fp16/bf16)")

@@ -13,7 +13,6 @@ judge also checks the outputs of timed calls picked at random after they returne
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from fastnorm.harness import checks
+from fastnorm.harness.candidate_start import StartedCandidate, start_candidate_process
 from fastnorm.harness.channel import Channel, ProtocolError, decode_value, dtype_name, encode_value, tensor_leaves
 from fastnorm.harness.isolation import file_tail, last_stage
 from fastnorm.harness.loading import (REFERENCE_MODULE, Progress, build_model, load_module, make_inputs,
@@ -37,6 +37,9 @@ from fastnorm.harness.timing import (DEFAULT_TIMING, TimingStats, _quantile, eff
 
 NULL_TRIALS = 10          # calls of the null candidate that measure the timing loop's own cost ...
 NULL_WAIT_MS = 1.0        # ... each lasting this long
+# The clock check below takes a median over the timed calls: of one or two calls, a single scheduling hiccup
+# on a loaded host (2.6 ms on a 2-core machine) is enough to call an honest candidate a cheat.
+MIN_TIMED_CALLS = 5
 CHECKS_PER_TRIALS = 25    # one timed call in this many (at least one) has its output checked, picked at random
 FAILURE_VERDICTS = {"compile_error", "load_error", "runtime_error", "wrong_output", "wrong_shape", "cheating"}
 _perf_counter = time.perf_counter
@@ -50,14 +53,16 @@ class Expected:
     reference_aliases: set   # output indices where the reference returns (a view of) an input
 
 
-def run_judge(cfg: dict, progress: Progress) -> dict:
+def run_judge(cfg: dict, progress: Progress, started: StartedCandidate | None = None) -> dict:
+    """started: the candidate's process, when the worker started it before importing torch (worker.main)."""
+    if started is None:
+        progress("start the candidate's process")
+        started = start_candidate_process(cfg, cfg["device"])
     device = resolve_device(cfg["device"])
-    _close_to_other_processes()
-    progress("import reference")
-    ref_mod = load_module(cfg["reference"], REFERENCE_MODULE)
-    progress("start the candidate's process")
-    link = CandidateLink(cfg, device)
+    link = CandidateLink(cfg, started, device)
     try:
+        progress("import reference")
+        ref_mod = load_module(cfg["reference"], REFERENCE_MODULE)
         return _judge(cfg, progress, device, ref_mod, link)
     finally:
         link.close()
@@ -66,6 +71,7 @@ def run_judge(cfg: dict, progress: Progress) -> dict:
 def _judge(cfg: dict, progress: Progress, device: torch.device, ref_mod, link: "CandidateLink") -> dict:
     seed, atol, rtol = cfg["seed"], cfg.get("atol"), cfg.get("rtol")
     include_host = include_host_for(cfg.get("timing", DEFAULT_TIMING))
+    progress("wait for the candidate's process")
     link.expect("hello")
     progress("calibrate the clock")
     # The null candidate runs in the timed calls' mode: with device timing the judge's clock sees the cover
@@ -106,7 +112,7 @@ def _judge(cfg: dict, progress: Progress, device: torch.device, ref_mod, link: "
         max_abs, max_rel = max(max_abs, errs[0]), max(max_rel, errs[1])
 
     progress("timing")
-    trials = cfg["perf_trials"]
+    trials = max(cfg["perf_trials"], MIN_TIMED_CALLS)
     # With a reference that writes its inputs, the timed calls' inputs are not the trial's any more.
     picked = set() if exp.reference_mutates else set(random.SystemRandom().sample(
         range(trials), min(trials, max(1, round(trials / CHECKS_PER_TRIALS)))))
@@ -156,28 +162,12 @@ def expected_outputs(ref_model, inputs: list, device: torch.device) -> Expected:
 class CandidateLink:
     """The judge's end of the candidate's process: commands, replies, shared buffers, and its death."""
 
-    def __init__(self, cfg: dict, device: torch.device):
+    def __init__(self, cfg: dict, started: StartedCandidate, device: torch.device):
         self.cfg, self.device, self.folder = cfg, device, cfg["share_dir"]
         self.mapped = {}     # group -> (specs, flat buffers mapped from the candidate's process, tensor views)
         self.reading = []    # output copies mapped for the check under way
-        workdir = Path(cfg["log_path"]).parent
-        config = {k: cfg.get(k) for k in ("candidate", "class_name", "seed", "log_path", "share_dir",
-                                          "scrub_freed_memory")}
-        config["device"] = str(device)
-        config_path = workdir / "config-candidate-process.json"
-        config_path.write_text(json.dumps(config, indent=1))
-        home = workdir / "candidate"
-        home.mkdir(exist_ok=True)
-        command_r, command_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fastnorm.harness.candidate_process", str(config_path), str(command_r),
-                 str(reply_w)], pass_fds=(command_r, reply_w), stdin=subprocess.DEVNULL, cwd=str(home))
-        finally:
-            os.close(command_r)
-            os.close(reply_w)
-        self.channel = Channel(reply_r, command_w)
+        self.proc = started.proc
+        self.channel = Channel(started.reply_fd, started.command_fd)
 
     # -- messages --------------------------------------------------------------------------------------------
 
@@ -371,13 +361,3 @@ def _numbered(items: list):
 
 def _floats(values, n: int) -> bool:
     return type(values) is list and len(values) == n and all(type(v) in (int, float) for v in values)
-
-
-def _close_to_other_processes() -> None:
-    """Linux: PR_SET_DUMPABLE 0 - other processes of the user (the candidate's) can no longer ptrace this one
-    or open its /proc/PID/mem, fd/ or environ. Its own children start dumpable again after exec."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass

@@ -6,7 +6,8 @@ Run as `python -m fastnorm.harness.worker CONFIG.json` by isolation.run_worker. 
   candidate  the judge (judge.py): the reference's outputs here, the candidate in a process of its own
              (candidate_process.py), correctness trials, timing watched from outside, a check after timing
 Writes its result (JSON) to the pipe CONFIG["result_fd"] and announces each stage in CONFIG["progress_path"],
-so that when the process dies (segfault, timeout) the parent still knows where.
+so that when the process dies (segfault, timeout) the parent still knows where. The modes live in
+baseline.py and judge.py; this module stays torch-free until the judge's candidate process has started.
 """
 from __future__ import annotations
 
@@ -15,108 +16,24 @@ import os
 import sys
 import traceback
 
-import torch
-
-from fastnorm.harness import checks
-from fastnorm.harness.judge import run_judge
-from fastnorm.harness.loading import (REFERENCE_MODULE, Progress, build_model, device_name, import_candidate,
-                                      load_module, make_inputs, resolve_device, to_device)
-from fastnorm.harness.messages import Verdict, clip, describe_exception, exception_message
-from fastnorm.harness.timing import (DEFAULT_TIMING, TrialHooks, copy_bandwidth, effective_timing, include_host_for,
-                                     time_callable)
-
-
-def run_import(cfg: dict, progress: Progress) -> dict:
-    progress("import candidate")
-    import_candidate(cfg)
-    return {"verdict": "ok", "message": ""}
-
-
-def run_baseline(cfg: dict, progress: Progress) -> dict:
-    device = resolve_device(cfg["device"])
-    result = {"ok": False, "device": str(device), "device_name": device_name(device),
-              "torch_version": torch.__version__}
-    seed = cfg["seed"]
-    # The reference (and its torch.compile) in the candidates' timing mode: the speedup is a ratio of the two.
-    include_host = include_host_for(cfg.get("timing", DEFAULT_TIMING))
-    result["timing_mode"] = effective_timing(device, include_host)
-    progress("import reference")
-    try:
-        ref_mod = load_module(cfg["reference"], REFERENCE_MODULE)
-        progress("construct reference")
-        model = build_model(ref_mod.Model, to_device(ref_mod.get_init_inputs(), device), seed, device)
-        progress("reference forward")
-        inputs = make_inputs(ref_mod, seed + 1, device)
-        with torch.no_grad():
-            outputs = checks.flatten_outputs(model(*inputs))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except BaseException as exc:
-        result["message"] = exception_message(exc, cfg["reference"], prefix="the reference failed: ")
-        return result
-    tensors_in = [t for t in inputs if isinstance(t, torch.Tensor)]
-    tensors_out = [t for t in outputs if isinstance(t, torch.Tensor)]
-    min_bytes = sum(map(checks.footprint_bytes, tensors_in)) + sum(map(checks.footprint_bytes, tensors_out))
-    result["outputs"] = [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in tensors_out]
-    result["min_bytes"] = min_bytes
-    del outputs, tensors_out
-
-    progress("copy bandwidth")
-    # Two copies: a large one (the asymptotic bandwidth) and one moving the problem's own bytes under the same
-    # cache flush, which profits from the same effects (outputs still in a write-back cache when the clock
-    # stops) that an honest kernel of this size does. The floor uses the fastest copy of either: conservative.
-    limit = torch.cuda.mem_get_info(device)[0] // 3 if device.type == "cuda" else 1 << 30
-    large = min(1 << 30 if device.type == "cuda" else 256 << 20, limit)
-    same_size = min(max(min_bytes // 2, 1 << 20), limit)
-    # The large copy depends on the GPU only: the parent passes it in once one baseline on this GPU measured it.
-    # Timed in the same mode as the models (device timing: without the copy's launch latency).
-    result["copy_bw_large"] = cfg.get("copy_bw_large") or copy_bandwidth(device, large, best=True,
-                                                                          include_host=include_host)
-    result["copy_bw_same_size"] = copy_bandwidth(device, same_size, best=True, include_host=include_host)
-    result["copy_bw"] = max(result["copy_bw_large"], result["copy_bw_same_size"])
-
-    progress("time reference")
-
-    def eager():
-        with torch.no_grad():
-            return model(*inputs)
-
-    # Timed like a candidate (whose loop announces each call to the judge): each output lives to its trial's end.
-    result["ref_timing"] = {**time_callable(eager, device=device, trials=cfg["perf_trials"], warmup=cfg["warmup"],
-                                           include_host=include_host, hooks=TrialHooks()).to_dict(),
-                            "mode": result["timing_mode"]}
-    result["compiled_timing"] = result["compile_error"] = None
-    if cfg.get("compile_baseline"):
-        progress("torch.compile reference")
-        try:
-            compiled = torch.compile(model)
-
-            def compiled_call():
-                with torch.no_grad():
-                    return compiled(*inputs)
-
-            compiled_call()
-            result["compiled_timing"] = {**time_callable(compiled_call, device=device, trials=cfg["perf_trials"],
-                                                         warmup=cfg["warmup"], include_host=include_host,
-                                                         hooks=TrialHooks()).to_dict(),
-                                         "mode": result["timing_mode"]}
-        except Exception as exc:
-            result["compile_error"] = clip(describe_exception(exc))
-    result["ok"] = True
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------------
-
-MODES = {"import": run_import, "baseline": run_baseline, "candidate": run_judge}
+from fastnorm.harness.candidate_start import start_candidate_process
 
 
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         cfg = json.load(f)
+    # The judge's candidate process starts before this one imports torch: the two start side by side.
+    started = start_candidate_process(cfg, cfg["device"]) if cfg["mode"] == "candidate" else None
+    from fastnorm.harness.baseline import run_baseline, run_import
+    from fastnorm.harness.judge import run_judge
+    from fastnorm.harness.loading import Progress
+    from fastnorm.harness.messages import Verdict, clip, describe_exception
+
+    modes = {"import": run_import, "baseline": run_baseline,
+             "candidate": lambda cfg, progress: run_judge(cfg, progress, started)}
     progress = Progress(cfg["progress_path"])
     try:
-        result = MODES[cfg["mode"]](cfg, progress)
+        result = modes[cfg["mode"]](cfg, progress)
     except Verdict as v:
         result = {"verdict": v.verdict, "message": v.message, "max_abs_err": getattr(v, "max_abs_err", None),
                   "max_rel_err": getattr(v, "max_rel_err", None)}
