@@ -1,9 +1,9 @@
 """Starting the candidate's process (candidate_process.py) from the judge, before the judge imports torch.
 
-Torch-free on purpose: the judge's worker starts the candidate's process first thing, so that the two
-interpreters import torch and open the GPU side by side instead of one after the other (about a second and
-a half a candidate saved on the H100, more on a loaded host). The candidate's process loads nothing of the
-candidate until the judge sends "import", by which time the judge has closed itself to it.
+Torch-free and package-free on purpose: worker_entry.py loads this file by path and starts the candidate's
+process first thing, so that the two interpreters import torch and open the GPU side by side instead of one
+after the other. The candidate's process loads nothing of the candidate until the judge sends "import", by
+which time the judge has closed itself to it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Run one worker in its own process group with a wall-clock limit, and collect what it left behind.
 
 Torch-free: the parent process never imports torch through this module, so it can never hold a CUDA context
-that a candidate's crash could poison. A fresh `python -m fastnorm.harness.worker` (not a fork) per job.
+that a candidate's crash could poison. A fresh `python .../worker_entry.py` (not a fork) per job.
 The worker's result comes back through a pipe only it holds (not a file a candidate could write).
 Thread-safe: a pool runs several at once, each stoppable through its `stop` event (Ctrl-C), and any exception
 while it waits (KeyboardInterrupt, Ray cancelling the task) kills the worker's group before it propagates.
@@ -22,6 +22,7 @@ from pathlib import Path
 from fastnorm.build_env import BUILDS_ENV, env_build_root
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the `fastnorm` package
+_WORKER_ENTRY = Path(__file__).resolve().with_name("worker_entry.py")
 _POLL_S = 0.05
 SHM_MIN_FREE_BYTES = 4 << 30
 
@@ -81,7 +82,7 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
     reader.start()
     with open(paths["log_path"], "ab") as log:
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "fastnorm.harness.worker", str(config_path)],
+            proc = subprocess.Popen([sys.executable, str(_WORKER_ENTRY), str(config_path)],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     cwd=str(workdir), start_new_session=True, pass_fds=(result_w,))
         finally:

@@ -1,13 +1,14 @@
 """The child process of `fastnorm eval`: the reference's baseline, a candidate's pre-build, or the judge.
 
-Run as `python -m fastnorm.harness.worker CONFIG.json` by isolation.run_worker. Modes (CONFIG["mode"]):
+Run by isolation.run_worker as `python .../worker_entry.py CONFIG.json`, which starts a judge's candidate
+process before anything imports torch, or as `python -m fastnorm.harness.worker CONFIG.json`. Modes (CONFIG["mode"]):
   import     import the candidate only (parallel pre-build of load_inline extensions)
   baseline   validate and time the reference (+ torch.compile), measure copy bandwidth and the minimal bytes
   candidate  the judge (judge.py): the reference's outputs here, the candidate in a process of its own
              (candidate_process.py), correctness trials, timing watched from outside, a check after timing
 Writes its result (JSON) to the pipe CONFIG["result_fd"] and announces each stage in CONFIG["progress_path"],
 so that when the process dies (segfault, timeout) the parent still knows where. The modes live in
-baseline.py and judge.py; this module stays torch-free until the judge's candidate process has started.
+baseline.py and judge.py.
 """
 from __future__ import annotations
 
@@ -16,19 +17,16 @@ import os
 import sys
 import traceback
 
-from fastnorm.harness.candidate_start import start_candidate_process
+from fastnorm.harness.baseline import run_baseline, run_import
+from fastnorm.harness.judge import run_judge
+from fastnorm.harness.loading import Progress
+from fastnorm.harness.messages import Verdict, clip, describe_exception
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], started=None) -> int:
+    """started: a judge's candidate process, already started (worker_entry.py)."""
     with open(argv[0]) as f:
         cfg = json.load(f)
-    # The judge's candidate process starts before this one imports torch: the two start side by side.
-    started = start_candidate_process(cfg, cfg["device"]) if cfg["mode"] == "candidate" else None
-    from fastnorm.harness.baseline import run_baseline, run_import
-    from fastnorm.harness.judge import run_judge
-    from fastnorm.harness.loading import Progress
-    from fastnorm.harness.messages import Verdict, clip, describe_exception
-
     modes = {"import": run_import, "baseline": run_baseline,
              "candidate": lambda cfg, progress: run_judge(cfg, progress, started)}
     progress = Progress(cfg["progress_path"])
