@@ -293,8 +293,10 @@ def test_clock_tampering_that_rebinds_nothing_is_caught_by_the_judges_clock(cloc
         assert "clock disagrees with the judge's" in r.message or "fastnorm.harness.timing._" in r.message, r.message
     for name in ("rewrites_timing_samples", "disables_tamper_check"):
         assert "clock disagrees with the judge's" in clock_run[name].message, clock_run[name].message
-    r = clock_run["rewrites_timing_samples"]  # the judge saw longer calls than the loop was left to report
-    assert r.cand_timing["external_median_ms"] > r.cand_timing["median_ms"]
+    # The judge saw longer calls than the loop was left to report: call by call (the medians of the two sets
+    # need not differ so on a loaded 2-core host, where one run had the judge's median 2.26 ms, the loop's 2.35)
+    r = clock_run["rewrites_timing_samples"]
+    assert r.cand_timing["external_excess_ms"] > r.cand_timing["loop_overhead_ms"]
 
 
 def test_honest_candidate_agrees_with_the_judges_clock(clock_run):

@@ -109,6 +109,22 @@ def test_jobs_2_give_the_sequential_verdicts_one_baseline_per_gpu(tmp_path, monk
     assert no_processes_left(str(tmp_path)) == []
 
 
+def test_spare_judges_give_the_same_verdicts_and_leave_nothing_running(tmp_path, monkeypatch):
+    """FASTNORM_EVAL_SPARES=1 (the default on GPU slots): every judge is a spare started ahead (its interpreter
+    and its candidate's process importing torch while the previous candidate is judged), handed its job; the
+    verdicts are those of fresh judges, a judge killed mid-run costs one candidate, and no spare outlives the
+    evaluation."""
+    monkeypatch.setenv("FASTNORM_EVAL_SPARES", "1")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    names = ["good_layer_norm", "segfault", "kills_its_judge", "wrong_output", "good_layer_norm"]
+    report = evaluate(SMALL, list(map(cand, names)), device="cpu", trials=1, perf_trials=5, warmup=1, timeout=120)
+    for name, r in zip(names, report.results):
+        assert r.verdict in EXPECTED[name], (name, r.message)
+        if name != "kills_its_judge":  # (its judge is gone before it could report its stages)
+            assert r.stage_s and "start the candidate's process" not in r.stage_s, (name, r.stage_s)
+    assert no_processes_left(str(tmp_path)) == []
+
+
 def test_worker_gets_its_slots_environment(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import os\nopen(os.environ['PROBE_OUT'], 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])\n"
@@ -338,6 +354,22 @@ def test_progress_line_counts_verdicts_and_estimates_time_left():
     progress.finished(CandidateResult("d.py", "timeout"))
     assert said[-1] == "[4/4] d.py: timeout | ok 2, wrong_output 1, timeout 1"
     assert [format_seconds(s) for s in (5, 65, 3700)] == ["5s", "1m05s", "1h01m"]
+
+
+def test_progress_estimate_counts_from_the_first_reference(monkeypatch):
+    """The reference's measurement (a minute on a fresh GPU machine) is not a candidate's time."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    said = []
+    progress = ProgressLine(3, said.append)
+    clock[0] = 160.0
+    progress.reference_measured()
+    clock[0] = 164.0
+    progress.finished(CandidateResult("a.py", "ok"))
+    clock[0] = 200.0
+    progress.reference_measured()  # a second problem's reference: the clock keeps running
+    progress.finished(CandidateResult("b.py", "ok"))
+    assert said == ["[1/3] a.py: ok | ok 1 | ETA 8s", "[2/3] b.py: ok | ok 2 | ETA 20s"]
 
 
 def test_bare_ray_flag_takes_no_file_as_its_address(capsys):

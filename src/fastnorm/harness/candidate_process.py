@@ -1,6 +1,6 @@
 """The process that runs a candidate's code and nothing of the judging: `python -m
-fastnorm.harness.candidate_process CONFIG.json READ_FD WRITE_FD`, started and driven by the judge (judge.py)
-through a pair of pipes (channel.py).
+fastnorm.harness.candidate_process READ_FD WRITE_FD`, started (candidate_start.py) and driven by the judge
+(judge.py) through a pair of pipes (channel.py), the first message its config.
 
 It never sees the reference's outputs: it receives inputs in memory it allocated itself (shared_tensors.py),
 runs forward, copies each output into another such buffer for the judge to read, and reports facts the judge
@@ -284,10 +284,9 @@ def _join_new_threads(before: set) -> None:
 
 
 def main(argv: list[str]) -> None:
-    with open(argv[0]) as f:
-        cfg = json.load(f)
-    channel = Channel(int(argv[1]), int(argv[2]))
+    channel = Channel(int(argv[0]), int(argv[1]))
     try:
+        cfg = _configure(channel)
         CandidateSide(cfg, channel).serve()
     except SystemExit:
         pass
@@ -302,6 +301,27 @@ def main(argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter/CUDA teardown: a poisoned context can crash or hang there
+
+
+def _configure(channel: Channel) -> dict:
+    """The config the judge sends first (candidate_start.configure_candidate_process), this process started
+    before the judge had its job: its folder, its log (stdout and stderr, for tracebacks) and the folder its
+    load_inline builds go to."""
+    message = channel.recv()
+    if message is None:
+        raise SystemExit(0)  # a spare judge discarded unused
+    if message["kind"] != "config":
+        raise ProtocolError(f"expected 'config' from the judge, got {message['kind']!r}")
+    with open(message["path"]) as f:
+        cfg = json.load(f)
+    os.chdir(cfg["home"])
+    log = os.open(cfg["log_path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    os.close(log)
+    if cfg.get("torch_extensions_dir"):
+        os.environ["TORCH_EXTENSIONS_DIR"] = cfg["torch_extensions_dir"]
+    return cfg
 
 
 def _report(channel: Channel, verdict: str, message: str) -> None:

@@ -1,8 +1,10 @@
 """Starting the candidate's process (candidate_process.py) from the judge, before the judge imports torch.
 
 Torch-free and package-free on purpose: worker_entry.py loads this file by path and starts the candidate's
-process first thing, so that the two interpreters import torch and open the GPU side by side instead of one
-after the other. The candidate's process loads nothing of the candidate until the judge sends "import", by
+process first thing, so that the two interpreters import torch side by side instead of one after the other.
+The process starts bare (it imports torch and waits) and gets its configuration over its command pipe once
+the judge has its job (configure_candidate_process): a judge started ahead of its job (a spare, pool.py) has
+its candidate process started ahead too. Nothing of the candidate loads until the judge sends "import", by
 which time the judge has closed itself to it.
 """
 from __future__ import annotations
@@ -23,25 +25,15 @@ class StartedCandidate:
     command_fd: int    # ... and writes its commands here
 
 
-def start_candidate_process(cfg: dict, device: str) -> StartedCandidate:
-    """Write the candidate process's config beside the judge's log and start it in the judge's session (it
-    dies with the judge's process group). device: as the judge was told ("cuda", "cuda:0", "cpu"); both
-    processes see the same CUDA_VISIBLE_DEVICES, so they resolve it to the same GPU."""
+def start_candidate_process() -> StartedCandidate:
+    """Start the candidate's process in the judge's session (it dies with the judge's process group); it
+    waits for configure_candidate_process."""
     close_to_other_processes()
-    workdir = Path(cfg["log_path"]).parent
-    config = {k: cfg.get(k) for k in ("candidate", "class_name", "seed", "log_path", "share_dir",
-                                      "scrub_freed_memory")}
-    config["device"] = device
-    config_path = workdir / "config-candidate-process.json"
-    config_path.write_text(json.dumps(config, indent=1))
-    home = workdir / "candidate"
-    home.mkdir(exist_ok=True)
     command_r, command_w = os.pipe()
     reply_r, reply_w = os.pipe()
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fastnorm.harness.candidate_process", str(config_path), str(command_r),
-             str(reply_w)], pass_fds=(command_r, reply_w), stdin=subprocess.DEVNULL, cwd=str(home))
+        proc = subprocess.Popen([sys.executable, "-m", "fastnorm.harness.candidate_process", str(command_r),
+                                 str(reply_w)], pass_fds=(command_r, reply_w), stdin=subprocess.DEVNULL)
     except BaseException:
         for fd in (reply_r, command_w):
             os.close(fd)
@@ -50,6 +42,26 @@ def start_candidate_process(cfg: dict, device: str) -> StartedCandidate:
         os.close(command_r)
         os.close(reply_w)
     return StartedCandidate(proc, reply_r, command_w)
+
+
+def configure_candidate_process(started: StartedCandidate, cfg: dict, device: str) -> None:
+    """Write the candidate process's config beside the judge's log and send it its path (the first message
+    on its command pipe: one JSON line, as channel.py writes them). device: as the judge was told ("cuda",
+    "cuda:0", "cpu"); both processes see the same CUDA_VISIBLE_DEVICES, so they resolve it to the same GPU.
+    A process that already died is reported by the judge when its first reply does not come."""
+    workdir = Path(cfg["log_path"]).parent
+    config = {k: cfg.get(k) for k in ("candidate", "class_name", "seed", "log_path", "share_dir",
+                                      "scrub_freed_memory", "torch_extensions_dir")}
+    config["device"] = device
+    config["home"] = str(workdir / "candidate")
+    Path(config["home"]).mkdir(exist_ok=True)
+    config_path = workdir / "config-candidate-process.json"
+    config_path.write_text(json.dumps(config, indent=1))
+    line = json.dumps({"kind": "config", "path": str(config_path)}).encode() + b"\n"
+    try:
+        os.write(started.command_fd, line)  # well under the pipe's buffer: never blocks
+    except OSError:
+        pass
 
 
 def close_to_other_processes() -> None:

@@ -185,6 +185,7 @@ class _BatchRun:
 
     def handle(self, event) -> None:
         if isinstance(event, Measured):
+            self.progress.reference_measured()
             self.baselines[event.problem.index][event.where] = event.baseline
             ref = event.baseline.ref_timing
             self.say(f"reference {event.problem.reference.name}: {ref['median_ms']:.4g} ms on "

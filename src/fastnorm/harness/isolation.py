@@ -51,42 +51,121 @@ def fastnorm_builds_dir(env: dict) -> Path:
     return cache / "fastnorm" / "extensions"
 
 
-def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None = None,
-               stop: threading.Event | None = None, extensions_dir: str | None = None) -> ChildOutcome:
-    """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s or as
-    soon as `stop` is set. env: variables to set for it (CUDA_VISIBLE_DEVICES pins it to one GPU).
-    extensions_dir: the TORCH_EXTENSIONS_DIR to build in instead of one of the worker's own."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log"}
-    for path in paths.values():
-        path.unlink(missing_ok=True)
-    result_r, result_w = os.pipe()
-    config = {**config, **{k: str(v) for k, v in paths.items()}, "result_fd": result_w}
-    config_path = workdir / f"config-{config.get('mode', 'job')}.json"
-    config_path.write_text(json.dumps(config, indent=1))
-
+def _worker_env(env: dict | None) -> dict:
     env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(_PACKAGE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault leaves a Python traceback in the log
+    env[BUILDS_ENV] = str(fastnorm_builds_dir(env))
+    return env
+
+
+class SpareJudge:
+    """A judge started ahead of its job (pool.py): its interpreter and its candidate's process import torch
+    while an earlier candidate is judged (worker_entry.py --spare), and touch no GPU until run_worker hands
+    it a config. Its log until then: `log_path`. close() discards it unused."""
+
+    def __init__(self, folder: Path, env: dict | None = None):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log_path = folder / "spare.log"
+        go_r, self.go_w = os.pipe()
+        self.result_r, self.result_w = os.pipe()
+        env = _worker_env(env)
+        env["TORCH_EXTENSIONS_DIR"] = str(folder / "torch_extensions")  # its job's, once it has one
+        with open(self.log_path, "ab") as log:
+            try:
+                self.proc = subprocess.Popen([sys.executable, str(_WORKER_ENTRY), "--spare", str(go_r)],
+                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             env=env, cwd=str(folder), start_new_session=True,
+                                             pass_fds=(go_r, self.result_w))
+            except BaseException:
+                for fd in (self.go_w, self.result_r, self.result_w):
+                    os.close(fd)
+                raise
+            finally:
+                os.close(go_r)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def go(self, config_path: Path) -> bool:
+        """Hand it its job; False when it is gone (then it is cleaned up, and the caller starts a fresh worker)."""
+        try:
+            os.write(self.go_w, str(config_path).encode() + b"\n")
+            os.close(self.go_w)
+            self.go_w = -1
+            return True
+        except OSError:
+            self.close()
+            return False
+
+    def close(self) -> None:
+        _kill_group(self.proc.pid)
+        self.proc.wait()
+        for fd in (self.go_w, self.result_r, self.result_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.go_w = self.result_r = self.result_w = -1
+
+
+def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None = None,
+               stop: threading.Event | None = None, extensions_dir: str | None = None,
+               spare: SpareJudge | None = None) -> ChildOutcome:
+    """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s or as
+    soon as `stop` is set. env: variables to set for it (CUDA_VISIBLE_DEVICES pins it to one GPU).
+    extensions_dir: the TORCH_EXTENSIONS_DIR to build in instead of one of the worker's own. spare: a judge
+    started ahead with the same env (a job of mode "candidate"); it is used up, or closed if it died."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log"}
+    for path in paths.values():
+        path.unlink(missing_ok=True)
+    if spare is not None and not spare.alive():
+        spare.close()
+        spare = None
+    if spare is not None:
+        result_r, result_w = spare.result_r, spare.result_w
+        spare.result_r = spare.result_w = -1  # ours to close from here
+    else:
+        result_r, result_w = os.pipe()
     # Per candidate: clashing load_inline names must not share builds. A caller that vouches for its
     # candidates' names (fastnorm solve: a hash of the sources) may name a shared one, whose builds it made.
     ext_dir = Path(extensions_dir) if extensions_dir else workdir / "torch_extensions"
     ext_dir.mkdir(parents=True, exist_ok=True)
-    env[BUILDS_ENV] = str(fastnorm_builds_dir(env))
-    env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
+    config = {**config, **{k: str(v) for k, v in paths.items()}, "result_fd": result_w,
+              "torch_extensions_dir": str(ext_dir)}
+    config_path = workdir / f"config-{config.get('mode', 'job')}.json"
+    config_path.write_text(json.dumps(config, indent=1))
 
     t0 = time.monotonic()
     chunks = []
     reader = threading.Thread(target=_read_all, args=(result_r, chunks), daemon=True)
     reader.start()
     with open(paths["log_path"], "ab") as log:
-        try:
-            proc = subprocess.Popen([sys.executable, str(_WORKER_ENTRY), str(config_path)],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    cwd=str(workdir), start_new_session=True, pass_fds=(result_w,))
-        finally:
+        if spare is not None and spare.go(config_path):
             os.close(result_w)
+            proc = spare.proc
+        else:
+            if spare is not None:  # died between the check and the go: a fresh worker on a fresh pipe
+                os.close(result_w)
+                reader.join(5.0)
+                chunks.clear()
+                result_r, result_w = os.pipe()
+                config["result_fd"] = result_w
+                config_path.write_text(json.dumps(config, indent=1))
+                reader = threading.Thread(target=_read_all, args=(result_r, chunks), daemon=True)
+                reader.start()
+            worker_env = _worker_env(env)
+            worker_env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
+            try:
+                proc = subprocess.Popen([sys.executable, str(_WORKER_ENTRY), str(config_path)],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        env=worker_env, cwd=str(workdir), start_new_session=True,
+                                        pass_fds=(result_w,))
+            finally:
+                os.close(result_w)
         try:
             ended = _wait(proc, timeout_s, stop)
         finally:  # also on KeyboardInterrupt: the group must not outlive the evaluator

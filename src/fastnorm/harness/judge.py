@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from fastnorm.harness import checks
-from fastnorm.harness.candidate_start import StartedCandidate, start_candidate_process
+from fastnorm.harness.candidate_start import StartedCandidate, configure_candidate_process, start_candidate_process
 from fastnorm.harness.channel import Channel, ProtocolError, decode_value, dtype_name, encode_value, tensor_leaves
 from fastnorm.harness.isolation import file_tail, last_stage
 from fastnorm.harness.loading import (REFERENCE_MODULE, Progress, build_model, load_module, make_inputs,
@@ -57,7 +57,8 @@ def run_judge(cfg: dict, progress: Progress, started: StartedCandidate | None = 
     """started: the candidate's process, when the worker started it before importing torch (worker.main)."""
     if started is None:
         progress("start the candidate's process")
-        started = start_candidate_process(cfg, cfg["device"])
+        started = start_candidate_process()
+    configure_candidate_process(started, cfg, cfg["device"])
     device = resolve_device(cfg["device"])
     link = CandidateLink(cfg, started, device)
     try:

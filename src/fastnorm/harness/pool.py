@@ -5,7 +5,10 @@ time, so two timed candidates never share a GPU; it measures each reference on i
 timing, the copy bandwidth) and judges every candidate it takes against that. The build pool (threads, each
 waiting on a worker process that only imports the candidate, so that load_inline compiles into the
 candidate's own extension folder) runs ahead of the slots, overlapping nvcc with timing; the judge then loads
-the cached build. Without a build pool (CPU by default) a slot's judge builds as it imports.
+the cached build. Without a build pool (CPU by default) a slot's judge builds as it imports. On GPU slots
+each slot keeps a spare judge (isolation.SpareJudge) started ahead for its next candidate: the two
+interpreters a candidate needs (judge and candidate process, torch imported in each: about 4 s on the H100
+machine) start while the previous candidate is judged, and touch the GPU only once handed their job.
 
 Threads only wait on processes (isolation.run_worker); every build, forward and timing runs in a worker
 process, as with one candidate. Events go to the main thread through a queue; Ctrl-C there sets `stop`,
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from fastnorm.harness.batch import Finished, Handler, Job, Measured, Problem, ReferenceFailed
 from fastnorm.harness.gpus import visible_gpus
-from fastnorm.harness.isolation import run_worker
+from fastnorm.harness.isolation import SpareJudge, run_worker
 from fastnorm.harness.outcomes import EvaluationError, baseline_from, import_succeeded, result_from
 from fastnorm.harness.report import Baseline
 
@@ -96,6 +99,13 @@ class LocalPool:
         self.baseline_locks: dict[tuple[int, str], threading.Lock] = {}
         self.failed: dict[int, str] = {}           # problem index -> why its reference could not be measured
         self.copy_bw_large: dict[str, float] = {}  # slot.where -> the large copy's bandwidth, measured once
+        # A judge started ahead for each slot's next candidate (isolation.SpareJudge): on GPU slots, where
+        # starting two interpreters (torch imported in each) is most of a small candidate's time and the host
+        # has cores to spare; FASTNORM_EVAL_SPARES=0 / =1 turns them off / on (CPU too).
+        flag = os.environ.get("FASTNORM_EVAL_SPARES", "")
+        self.use_spares = flag == "1" or (flag != "0" and all(s.gpu is not None for s in slots))
+        self.spares: dict[int, SpareJudge] = {}
+        self.spares_started = 0
 
     def run(self, jobs: list[Job], handle: Handler) -> None:
         """Run every job; `handle` gets each event on this (the main) thread. Returns when all jobs have
@@ -126,6 +136,9 @@ class LocalPool:
                 builds.shutdown(wait=True, cancel_futures=True)
             for thread in threads:
                 thread.join()
+            for spare in self.spares.values():
+                spare.close()
+            self.spares.clear()
 
     # -- threads ------------------------------------------------------------------------------------------
 
@@ -145,6 +158,7 @@ class LocalPool:
                 self.ready.put(job)
 
     def _slot_loop(self, slot: Slot) -> None:
+        self._start_spare(slot)
         while True:
             job = self.ready.get()
             if job is None or self.stop.is_set():
@@ -189,8 +203,15 @@ class LocalPool:
             return
         config = {**job.problem.config, "mode": "candidate", "candidate": str(job.candidate),
                   "device": baseline.device}
-        outcome = run_worker(config, self._workdir(job), self.timeout, env=slot.env, stop=self.stop,
-                             extensions_dir=self.extensions_dir)
+        with self.lock:
+            spare = self.spares.pop(slot.index, None)
+        self._start_spare(slot)  # for the next candidate, while this one is judged
+        try:
+            outcome = run_worker(config, self._workdir(job), self.timeout, env=slot.env, stop=self.stop,
+                                 extensions_dir=self.extensions_dir, spare=spare)
+        finally:
+            if spare is not None and not self.keep_temp:
+                shutil.rmtree(spare.log_path.parent, ignore_errors=True)
         if outcome.cancelled:
             return
         result = result_from(str(job.candidate), outcome, self.timeout, baseline, self.floor_check)
@@ -227,6 +248,19 @@ class LocalPool:
                     self.copy_bw_large.setdefault(slot.where, baseline.copy_bw_large)
             self.events.put(Measured(problem, slot.where, baseline))
             return baseline
+
+    def _start_spare(self, slot: Slot) -> None:
+        if not self.use_spares or self.stop.is_set():
+            return
+        with self.lock:
+            self.spares_started += 1
+            folder = self.root / f"spare-{slot.index}-{self.spares_started:04d}"
+        spare = SpareJudge(folder, slot.env)
+        with self.lock:
+            if self.stop.is_set():
+                spare.close()
+            else:
+                self.spares[slot.index] = spare
 
     def _workdir(self, job: Job) -> Path:
         return self.root / f"{job.index:04d}-{job.candidate.stem}"

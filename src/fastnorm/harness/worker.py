@@ -27,6 +27,8 @@ def main(argv: list[str], started=None) -> int:
     """started: a judge's candidate process, already started (worker_entry.py)."""
     with open(argv[0]) as f:
         cfg = json.load(f)
+    if cfg.get("torch_extensions_dir"):  # a spare started before its job had a folder (isolation.py)
+        os.environ["TORCH_EXTENSIONS_DIR"] = cfg["torch_extensions_dir"]
     modes = {"import": run_import, "baseline": run_baseline,
              "candidate": lambda cfg, progress: run_judge(cfg, progress, started)}
     progress = Progress(cfg["progress_path"])
