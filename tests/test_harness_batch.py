@@ -19,7 +19,7 @@ import pytest
 from fastnorm.harness import cli, evaluate
 from fastnorm.harness.evaluate import EvaluationError
 from fastnorm.harness.gpus import parse_nvidia_smi_list, parse_visible_devices, visible_gpus
-from fastnorm.harness.isolation import run_worker
+from fastnorm.harness.isolation import SpareJudge, run_worker
 from fastnorm.harness.manifest import ManifestError, expand_candidates, read_manifest
 from fastnorm.harness.pool import Slot, plan_slots
 from fastnorm.harness.progress import ProgressLine, format_seconds
@@ -134,6 +134,18 @@ def test_worker_gets_its_slots_environment(tmp_path):
                          env={"CUDA_VISIBLE_DEVICES": "3", "PROBE_OUT": str(out)})
     assert outcome.result == {"verdict": "ok", "message": "", "stage": "import candidate"}, outcome.log_tail
     assert out.read_text() == "3"
+
+
+def test_a_spare_that_died_is_replaced_by_a_fresh_worker(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("class ModelNew:\n    pass\n")
+    spare = SpareJudge(tmp_path / "spare")
+    os.killpg(spare.proc.pid, signal.SIGKILL)
+    spare.proc.wait()
+    outcome = run_worker({"mode": "import", "candidate": str(probe), "class_name": "ModelNew"}, tmp_path / "w", 120,
+                         spare=spare)
+    assert outcome.result == {"verdict": "ok", "message": "", "stage": "import candidate"}, outcome.log_tail
+    assert spare.go_w == spare.result_r == spare.result_w == -1  # closed, its pipes with it
 
 
 def test_worker_builds_in_its_own_extensions_dir_unless_given_one(tmp_path):

@@ -85,9 +85,6 @@ class SpareJudge:
             finally:
                 os.close(go_r)
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def go(self, config_path: Path) -> bool:
         """Hand it its job; False when it is gone (then it is cleaned up, and the caller starts a fresh worker)."""
         try:
@@ -117,46 +114,35 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
     """Write `config` to workdir, run the worker on it, kill its whole process group after timeout_s or as
     soon as `stop` is set. env: variables to set for it (CUDA_VISIBLE_DEVICES pins it to one GPU).
     extensions_dir: the TORCH_EXTENSIONS_DIR to build in instead of one of the worker's own. spare: a judge
-    started ahead with the same env (a job of mode "candidate"); it is used up, or closed if it died."""
+    started ahead with the same env (a job of mode "candidate"); it is used up, or closed and replaced by a
+    fresh worker if it died."""
     workdir.mkdir(parents=True, exist_ok=True)
     paths = {"progress_path": workdir / "progress.txt", "log_path": workdir / "worker.log"}
     for path in paths.values():
         path.unlink(missing_ok=True)
-    if spare is not None and not spare.alive():
-        spare.close()
-        spare = None
-    if spare is not None:
-        result_r, result_w = spare.result_r, spare.result_w
-        spare.result_r = spare.result_w = -1  # ours to close from here
-    else:
-        result_r, result_w = os.pipe()
     # Per candidate: clashing load_inline names must not share builds. A caller that vouches for its
     # candidates' names (fastnorm solve: a hash of the sources) may name a shared one, whose builds it made.
     ext_dir = Path(extensions_dir) if extensions_dir else workdir / "torch_extensions"
     ext_dir.mkdir(parents=True, exist_ok=True)
-    config = {**config, **{k: str(v) for k, v in paths.items()}, "result_fd": result_w,
-              "torch_extensions_dir": str(ext_dir)}
+    config = {**config, **{k: str(v) for k, v in paths.items()}, "torch_extensions_dir": str(ext_dir)}
     config_path = workdir / f"config-{config.get('mode', 'job')}.json"
-    config_path.write_text(json.dumps(config, indent=1))
+
+    def write_config(result_fd: int) -> None:
+        config["result_fd"] = result_fd
+        config_path.write_text(json.dumps(config, indent=1))
 
     t0 = time.monotonic()
-    chunks = []
-    reader = threading.Thread(target=_read_all, args=(result_r, chunks), daemon=True)
-    reader.start()
     with open(paths["log_path"], "ab") as log:
-        if spare is not None and spare.go(config_path):
-            os.close(result_w)
-            proc = spare.proc
-        else:
-            if spare is not None:  # died between the check and the go: a fresh worker on a fresh pipe
+        proc = None
+        if spare is not None:
+            write_config(spare.result_w)
+            if spare.go(config_path):  # (a spare that died is closed, its result pipe with it)
+                proc, result_r, result_w = spare.proc, spare.result_r, spare.result_w
+                spare.result_r = spare.result_w = -1  # ours from here
                 os.close(result_w)
-                reader.join(5.0)
-                chunks.clear()
-                result_r, result_w = os.pipe()
-                config["result_fd"] = result_w
-                config_path.write_text(json.dumps(config, indent=1))
-                reader = threading.Thread(target=_read_all, args=(result_r, chunks), daemon=True)
-                reader.start()
+        if proc is None:
+            result_r, result_w = os.pipe()
+            write_config(result_w)
             worker_env = _worker_env(env)
             worker_env["TORCH_EXTENSIONS_DIR"] = str(ext_dir)
             try:
@@ -164,8 +150,14 @@ def run_worker(config: dict, workdir: Path, timeout_s: float, env: dict | None =
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         env=worker_env, cwd=str(workdir), start_new_session=True,
                                         pass_fds=(result_w,))
+            except BaseException:
+                os.close(result_r)
+                raise
             finally:
                 os.close(result_w)
+        chunks = []
+        reader = threading.Thread(target=_read_all, args=(result_r, chunks), daemon=True)
+        reader.start()
         try:
             ended = _wait(proc, timeout_s, stop)
         finally:  # also on KeyboardInterrupt: the group must not outlive the evaluator
