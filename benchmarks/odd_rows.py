@@ -36,11 +36,18 @@ CASES = [("scalar", c) for c in [((100000, 257), torch.float32, 0, 0), ((100000,
          ((323, 1532), torch.bfloat16, 0, 8), ((32768, 1023), torch.float16, 1, 0),
          # rows past 512 threads of 4 chunks: 8 chunks a thread (not float16)
          ((162, 19257), torch.bfloat16, 0, 0), ((2000, 12001), torch.float32, 1, 0), ((400, 25000), torch.bfloat16, 1, 0),
-         ((1024, 30001), torch.bfloat16, 0, 0)]]
+         ((1024, 30001), torch.bfloat16, 0, 0)]] + [("long", c) for c in [
+         # few or long scalar rows past the offset-row kernels: split, streamed, cluster and cached row
+         # kernels at one element a vector (sweep rows and their neighbours)
+         ((1, 366452), torch.bfloat16, 0, 0), ((1, 2784270), torch.bfloat16, 0, 0), ((11, 22150), torch.float16, 0, 0),
+         ((1, 163037), torch.float32, 0, 0), ((1, 238830), torch.float32, 0, 0), ((1, 1414261), torch.float32, 0, 0),
+         ((1, 30724), torch.float32, 1, 3), ((23, 126001), torch.float32, 0, 0), ((4, 9592278), torch.float16, 0, 0),
+         ((2000, 20001), torch.float16, 0, 0), ((300, 40001), torch.bfloat16, 0, 0), ((512, 100001), torch.bfloat16, 0, 0),
+         ((64, 300001), torch.float32, 0, 0)]]
 
 
 def main():
-    run = AltRun(__doc__, "FASTNORM_OFFSET_ROWS=0", groups=("scalar", "shifted"))
+    run = AltRun(__doc__, "FASTNORM_OFFSET_ROWS=0", groups=("scalar", "shifted", "long"))
     import fastnorm
     flush, bw = run.flush, run.bandwidth
     print(f"{'case':<34}{'fastnorm us':>12}{'%copy':>7}{'alt':>11}{'eager us':>10}{'compile us':>11}"

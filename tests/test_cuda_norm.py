@@ -84,7 +84,8 @@ ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 40
               (300, 257), (1000, 3), (200, 1023), (2000, 513), (140, 33),  # scalar rows: the offset-row kernel
               (300, 1429), (40, 4973), (3, 8185), (3, 8189), (2, 8191), (1000, 32), (700, 35),  # (to its limits)
               (5000, 1), (3001, 5), (999, 17), (700, 31),  # many tiny rows: the thread-row kernel (float64
-              (300001, 7), (200, 16), (200, 24)]  # 17-31: the row kernel); more rows than its grid covers
+              (300001, 7), (200, 16), (200, 24),  # 17-31: the row kernel); more rows than its grid covers
+              (1, 366452), (11, 22150), (50, 40001), (2, 2**22 + 3)]  # scalar split, cached-row, streamed rows
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -49,8 +49,14 @@ def _sanitize_rows(ext, dtype):
         fastnorm.layer_norm(x, (n,), torch.rand(n, device="cuda", dtype=dtype), None)
         fastnorm.rms_norm(x, (n,), None)
     ext.norm_forward(torch.randn(3, 9000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 128, 7)
-    # More slices than the chip holds with a cache: the split kernel without one.
+    # More slices than the chip holds with a cache: the split kernel without one (vector and scalar rows).
     ext.norm_forward(torch.randn(3, 50000, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)
+    ext.norm_forward(torch.randn(3, 50001, device="cuda", dtype=dtype), None, None, 1, 2, 1e-5, False, 32, 6000)
+    for shape in [(2, 40001), (30, 20001)]:  # scalar rows: split slices, the cached row kernel
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        w = torch.rand(shape[-1], device="cuda", dtype=dtype)
+        fastnorm.layer_norm(x, shape[-1:], w, w)
+        fastnorm.rms_norm(x, shape[-1:], w)
 
 
 def _sanitize_long_rows(ext, dtype):
@@ -59,7 +65,8 @@ def _sanitize_long_rows(ext, dtype):
     # Few rows of 4 MB and more: resident rows (4-8 MB in two row groups; 16 MB float32 LayerNorm stages
     # its next row in L2), streamed rows (too long to hold on chip).
     for rows, n in [(3, (8 << 20) // torch.finfo(dtype).bits * 8 + 16),
-                    (3, (4 << 20) // torch.finfo(dtype).bits * 8), (2, 9 << 20), (3, 1 << 22)]:
+                    (3, (4 << 20) // torch.finfo(dtype).bits * 8), (2, 9 << 20), (3, 1 << 22),
+                    (2, (1 << 22) + 3)]:  # (scalar rows: streamed in batches of 16 bytes)
         big = torch.randn(rows, n, device="cuda", dtype=dtype)
         wb = torch.rand(n, device="cuda", dtype=dtype)
         fastnorm.layer_norm(big, big.shape[-1:], wb, wb)

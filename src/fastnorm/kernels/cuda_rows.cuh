@@ -55,14 +55,17 @@ struct RowSlice {
   int64_t v0, v1;
   int t, tpr;
 
-  // Exact statistics of each batch, merged; half the batch: the merge needs registers.
+  // Vectors of x loaded together: half the unroll (the merge needs registers); 16 bytes of a scalar
+  // row's elements (8 of 2 bytes, 4 floats), whose loads would otherwise wait for each other.
+  static constexpr int kBatch = sizeof(V) < 8 ? 16 / int(sizeof(V)) : kUnroll > 1 ? kUnroll / 2 : 1;
+
+  // Exact statistics of each batch, merged.
   __device__ __forceinline__ Stats<A> stats(const V* xv, bool rms, A shift) {
-    constexpr int kHalf = kUnroll > 1 ? kUnroll / 2 : 1;
     Stats<A> s{A(0), A(0), A(0)};
-    for (int64_t base = v0 + t; base < v1; base += int64_t(kHalf) * tpr) {
-      V r[kHalf];
+    for (int64_t base = v0 + t; base < v1; base += int64_t(kBatch) * tpr) {
+      V r[kBatch];
 #pragma unroll
-      for (int u = 0; u < kHalf; ++u) {
+      for (int u = 0; u < kBatch; ++u) {
         const int64_t i = base + int64_t(u) * tpr;
         if (i < v1) r[u] = load_vec<false>(xv + i);
       }
@@ -73,11 +76,34 @@ struct RowSlice {
 
   // One vector at a time: the parameters it needs take registers, and latency is hidden by the
   // other rows in flight on the SM rather than by unrolling. Parameters are relative to v0.
+  // Scalar rows load a batch of x and parameters first: one element's worth of loads in flight
+  // does not hide it.
   template <bool kKeep, typename W>
   __device__ __forceinline__ void apply(const V* xv, V* yv, const W* w, const W* b, const Affine<A>& st) {
+    if constexpr (sizeof(V) < 8) {
+      for (int64_t base = v0 + t; base < v1; base += int64_t(kBatch) * tpr) {
+        V r[kBatch];
+        A wv[kBatch][VEC], bv[kBatch][VEC];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t i = base + int64_t(u) * tpr;
+          if (i < v1) {
+            r[u] = load_vec<true>(xv + i);
+            if (w) load_params<kKeep, VEC>(w + (i - v0) * VEC, wv[u]);
+            if (b) load_params<kKeep, VEC>(b + (i - v0) * VEC, bv[u]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t i = base + int64_t(u) * tpr;
+          if (i < v1) store_vec<kEvictFirst>(yv + i, normalize_with(r[u], st, w != nullptr, wv[u], b != nullptr, bv[u]));
+        }
+      }
+    } else {
 #pragma unroll 2
-    for (int64_t i = v0 + t; i < v1; i += tpr) {
-      store_vec<kEvictFirst>(yv + i, normalize_vec<kKeep, A>(load_vec<true>(xv + i), st, w, b, (i - v0) * VEC));
+      for (int64_t i = v0 + t; i < v1; i += tpr) {
+        store_vec<kEvictFirst>(yv + i, normalize_vec<kKeep, A>(load_vec<true>(xv + i), st, w, b, (i - v0) * VEC));
+      }
     }
   }
 };
@@ -86,9 +112,34 @@ struct RowSlice {
 // loop per case of the template flags (kCenter: LayerNorm, else RMSNorm; kW, kB: weight, bias)
 // keeps the checks out of the loop; ncu counted ~20 instructions a vector for them before.
 // (Prefetching the next vector's parameters into L1 measured 3-37 points slower, H100.)
+// Scalar rows (vectors under 8 bytes) load the parameters of two elements before they use the first
+// (4 spilled in the 32 registers of the 4-blocks row kernel; batching the loads of x into the cache
+// too measured slower). H100, against one at a time: bf16 512x100001 LN 206 -> 172 us, fp16
+// 2000x20001 RMS 116 -> 104, 11x22150 LN 28.7 -> 23.6 (benchmarks/results/h100-long-scalar-rows.txt).
 template <bool kCenter, bool kW, bool kB, bool kEvictFirst, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
                                                  const Affine<A>& st, int t, int sh, int count) {
+  if constexpr (sizeof(Vec<T, VEC>) < 8) {
+    constexpr int kStoreBatch = 2;
+#pragma unroll 1
+    for (int k0 = 0; k0 < count; k0 += kStoreBatch) {
+      A wv[kStoreBatch][VEC], bv[kStoreBatch][VEC];
+#pragma unroll
+      for (int u = 0; u < kStoreBatch; ++u) {
+        const int i = t + ((k0 + u) << sh);
+        if (k0 + u < count) {
+          if constexpr (kW) load_params<false, VEC>(w + int64_t(i) * VEC, wv[u]);
+          if constexpr (kB) load_params<false, VEC>(b + int64_t(i) * VEC, bv[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kStoreBatch; ++u) {
+        const int i = t + ((k0 + u) << sh);
+        if (k0 + u < count) store_vec<kEvictFirst>(yv + i, normalize_with(cache[i], st, kW, wv[u], kB, bv[u], kCenter));
+      }
+    }
+    return;
+  }
 #pragma unroll 1
   for (int k = 0; k < count; ++k) {
     const int i = t + (k << sh);
