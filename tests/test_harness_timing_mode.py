@@ -266,8 +266,43 @@ def test_judge_asks_for_the_configured_mode_in_calibration_and_timing(mode, incl
     assert cal_fields["include_host"] is include_host and time_fields["include_host"] is include_host
     t = result["timing"]
     assert t["mode"] == "cpu"  # what the mode means on this device
-    assert t["loop_overhead_ms"] == pytest.approx(1.1) and t["external_excess_ms"] == pytest.approx(1.1)
+    assert t["loop_overhead_ms"] == pytest.approx(1.145) and t["external_excess_ms"] == pytest.approx(1.1)
     assert judge_timing(t, min_bytes=1, copy_bw=1e12) is None
+
+
+@pytest.mark.parametrize("late", [1, 2])
+def test_a_late_null_call_does_not_set_the_loop_cost(late):
+    """With device timing the judge sees each null call take the ~1.1 ms cover longer than reported, except a
+    call whose host reached the start event only after the cover had run out (0.0035 ms on an H100): the loop's
+    cost is the median of the null calls, so one or two such calls neither make an honest candidate a cheat nor
+    widen the margin by the whole cover."""
+
+    class FakeLink:
+        def expect(self, kind):
+            return {"kind": kind}
+
+        def send(self, kind, **fields):
+            pass
+
+        def share(self, group, values):
+            return None
+
+        def check_outputs(self, reply, exp, atol, rtol, what):
+            return 0.0, 0.0
+
+        def observe_trials(self, command, trials, fields, picked=frozenset(), check=None):
+            if command == "calibrate":
+                seen = [1.1 + 0.002 * i for i in range(trials - late)] + [1.0035] * late
+                return seen, [0.0] * (trials - late) + [1.0] * late, []
+            return [1.36] * trials, [0.26] * trials, []  # honest: the cover plus 0.26 ms reported
+
+    cfg = {"seed": 0, "trials": 1, "perf_trials": 4, "warmup": 1, "reference": str(SMALL), "timing": "device"}
+    ref_mod = load_module(str(SMALL), f"timing_mode_reference_late_{late}")
+    t = judge._judge(cfg, lambda stage: None, torch.device("cpu"), ref_mod, FakeLink())["timing"]
+    assert 1.1 <= t["loop_overhead_ms"] <= 1.12 and t["loop_overhead_spread_ms"] < 0.02, t
+    assert judge_timing({**t, "mode": "device"}, min_bytes=1, copy_bw=1e12) is None
+    cut = {**t, "mode": "device", "median_ms": 0.26 / 3, "external_excess_ms": 1.1 + 0.26 * 2 / 3}
+    assert "clock disagrees" in judge_timing(cut, min_bytes=1, copy_bw=1e12)  # a clock cut to a third: caught
 
 
 # ---------------------------------------------------------------------------------------------------------
