@@ -228,37 +228,42 @@ def test_null_candidate_is_timed_behind_the_same_cover_as_the_candidate(monkeypa
     assert timed_loop == ["call", "sync"] + (timed_head + TRIAL_TAIL) * 3
 
 
+class FakeCandidateLink:
+    """A stand-in for the judge's link to the candidate's process: every exchange succeeds, and the trials the
+    judge observes are (judge's clock, reported) times from `calibrate(trials)` and `timed(trials)`."""
+
+    def __init__(self, calibrate, timed):
+        self.calibrate, self.timed, self.observed = calibrate, timed, []
+
+    def expect(self, kind):
+        return {"kind": kind}
+
+    def send(self, kind, **fields):
+        pass
+
+    def share(self, group, values):
+        return None
+
+    def check_outputs(self, reply, exp, atol, rtol, what):
+        return 0.0, 0.0
+
+    def observe_trials(self, command, trials, fields, picked=frozenset(), check=None):
+        self.observed.append((command, fields))
+        seen, reported = (self.calibrate if command == "calibrate" else self.timed)(trials)
+        return seen, reported, []
+
+
 @pytest.mark.parametrize("mode,include_host", [("device", False), ("host", True), (None, False)])
 def test_judge_asks_for_the_configured_mode_in_calibration_and_timing(mode, include_host):
     """The judge (on CPU, with a stand-in for the candidate's process) sends the same include_host for the
     null candidate and the timed calls, and records the mode in the timing it reports."""
 
-    class FakeLink:
-        def __init__(self):
-            self.observed = []
-
-        def expect(self, kind):
-            return {"kind": kind}
-
-        def send(self, kind, **fields):
-            pass
-
-        def share(self, group, values):
-            return None
-
-        def check_outputs(self, reply, exp, atol, rtol, what):
-            return 0.0, 0.0
-
-        def observe_trials(self, command, trials, fields, picked=frozenset(), check=None):
-            self.observed.append((command, fields))
-            if command == "calibrate":  # the loop around a null call: the judge saw 1.1 ms more than reported
-                return [1.1 + 0.01 * i for i in range(trials)], [0.0] * trials, []
-            return [1.4] * trials, [0.3] * trials, []
-
     cfg = {"seed": 0, "trials": 1, "perf_trials": 4, "warmup": 1, "reference": str(SMALL)}
     if mode is not None:
         cfg["timing"] = mode
-    link = FakeLink()
+    # the loop around a null call: the judge saw 1.1-1.19 ms more than reported
+    link = FakeCandidateLink(lambda trials: ([1.1 + 0.01 * i for i in range(trials)], [0.0] * trials),
+                             lambda trials: ([1.4] * trials, [0.3] * trials))
     ref_mod = load_module(str(SMALL), f"timing_mode_reference_{mode}")
     result = judge._judge(cfg, lambda stage: None, torch.device("cpu"), ref_mod, link)
     (calibrate, cal_fields), (time, time_fields) = link.observed
@@ -276,29 +281,14 @@ def test_a_late_null_call_does_not_set_the_loop_cost(late):
     call whose host reached the start event only after the cover had run out (0.0035 ms on an H100): the loop's
     cost is the median of the null calls, so one or two such calls neither make an honest candidate a cheat nor
     widen the margin by the whole cover."""
+    def calibrate(trials):
+        seen = [1.1 + 0.002 * i for i in range(trials - late)] + [1.0035] * late
+        return seen, [0.0] * (trials - late) + [1.0] * late
 
-    class FakeLink:
-        def expect(self, kind):
-            return {"kind": kind}
-
-        def send(self, kind, **fields):
-            pass
-
-        def share(self, group, values):
-            return None
-
-        def check_outputs(self, reply, exp, atol, rtol, what):
-            return 0.0, 0.0
-
-        def observe_trials(self, command, trials, fields, picked=frozenset(), check=None):
-            if command == "calibrate":
-                seen = [1.1 + 0.002 * i for i in range(trials - late)] + [1.0035] * late
-                return seen, [0.0] * (trials - late) + [1.0] * late, []
-            return [1.36] * trials, [0.26] * trials, []  # honest: the cover plus 0.26 ms reported
-
+    link = FakeCandidateLink(calibrate, lambda trials: ([1.36] * trials, [0.26] * trials))  # honest: cover + 0.26
     cfg = {"seed": 0, "trials": 1, "perf_trials": 4, "warmup": 1, "reference": str(SMALL), "timing": "device"}
     ref_mod = load_module(str(SMALL), f"timing_mode_reference_late_{late}")
-    t = judge._judge(cfg, lambda stage: None, torch.device("cpu"), ref_mod, FakeLink())["timing"]
+    t = judge._judge(cfg, lambda stage: None, torch.device("cpu"), ref_mod, link)["timing"]
     assert 1.1 <= t["loop_overhead_ms"] <= 1.12 and t["loop_overhead_spread_ms"] < 0.02, t
     assert judge_timing({**t, "mode": "device"}, min_bytes=1, copy_bw=1e12) is None
     cut = {**t, "mode": "device", "median_ms": 0.26 / 3, "external_excess_ms": 1.1 + 0.26 * 2 / 3}
