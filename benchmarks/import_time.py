@@ -1,6 +1,6 @@
 """What `import fastnorm` and its first call cost a fresh process, against the same torch call.
 
-    python3 benchmarks/import_time.py [--device cuda] [--runs 5]
+    python3 benchmarks/import_time.py [--device cuda|cpu] [--runs 5]
 
 Each run is a new interpreter that imports torch, makes a tensor, and times (a) torch's layer_norm, or
 (b) `import fastnorm` plus fastnorm.layer_norm, its build already cached (a first, untimed process builds
@@ -44,9 +44,13 @@ def phases(device: str, which: str):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
+    if args.device is None:  # asked of a child: this process stays free of torch, as the timed ones start
+        probe = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
+        args.device = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                     check=True).stdout.strip()
     phases(args.device, "fastnorm")  # builds or loads the cached build once, untimed
     medians = {}
     for which in ("torch", "fastnorm"):
