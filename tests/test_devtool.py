@@ -89,6 +89,28 @@ def test_gpu_check_script_parses_and_names_its_stages():
     assert "eval_steadiness.py" in text and "eval_scale.py" in text and "devtool.py sanitize" in text
 
 
+def collected(args: list) -> set:
+    """The test ids `pytest <args>` would run (collection only: the CUDA tests need not run here)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                          capture_output=True, text=True, cwd=BENCHMARKS.parent, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_gpu_check_parts_run_every_cuda_test_once():
+    """The stages that split the CUDA tests into call-sized parts select each CUDA test exactly once."""
+    import re
+    import shlex
+
+    text = (BENCHMARKS / "gpu_check.sh").read_text()
+    parts = {name: collected(shlex.split(args)) for name, args in
+             re.findall(r"run (quick|harness|slow|hundred) \d+ python3 -m pytest -q -p no:cacheprovider (.*?) ;;", text)}
+    assert set(parts) == {"quick", "harness", "slow", "hundred"}
+    assert len(parts["hundred"]) == 1 and all(parts.values())
+    everything = collected(["-m", "cuda", "tests"])
+    assert sum(len(p) for p in parts.values()) == len(everything) and set().union(*parts.values()) == everything
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
 def test_eval_steadiness_says_it_needs_a_gpu(tmp_path):
     root = BENCHMARKS.parent
