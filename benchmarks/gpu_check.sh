@@ -4,8 +4,10 @@
 #   tests       every CUDA-marked test (MARK overrides the marker expression, e.g. MARK="cuda and not slow")
 #   The same tests in parts that each fit a 10-minute device call (H100, session 23: seconds, a cold machine):
 #   quick       "cuda and not slow" but tests/test_harness_gpu.py (1815 tests, 165 s after a 30-50 s build)
-#   harness     tests/test_harness_gpu.py but its hundred candidates (~400 s: nvcc builds of the candidates)
-#   slow        the slow CUDA tests but the hundred candidates (the one-GPU pool 177 s, test_solve_cuda 216 s)
+#   harness     tests/test_harness_gpu.py but its hundred candidates (not yet timed whole: its six tests past
+#               the two seed tests took 202 s; the seed tests add nvcc builds of four candidates)
+#   slow        the slow CUDA tests but the hundred candidates (the one-GPU pool 177 s, test_solve_cuda 216 s,
+#               the norm tests 5 s, in separate calls)
 #   hundred     test_a_hundred_candidates_leak_nothing alone (448 s)
 #   sanitize    compute-sanitizer memcheck and racecheck over every kernel family (benchmarks/devtool.py sanitize)
 #   steadiness  fastnorm eval of the seed solutions (PROBLEMS) RUNS times in a row against an in-process

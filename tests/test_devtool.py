@@ -3,6 +3,8 @@
 measures."""
 import importlib
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -99,9 +101,6 @@ def collected(args: list) -> set:
 
 def test_gpu_check_parts_run_every_cuda_test_once():
     """The stages that split the CUDA tests into call-sized parts select each CUDA test exactly once."""
-    import re
-    import shlex
-
     text = (BENCHMARKS / "gpu_check.sh").read_text()
     parts = {name: collected(shlex.split(args)) for name, args in
              re.findall(r"run (quick|harness|slow|hundred) \d+ python3 -m pytest -q -p no:cacheprovider (.*?) ;;", text)}

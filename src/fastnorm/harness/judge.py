@@ -130,10 +130,10 @@ def _judge(cfg: dict, progress: Progress, device: torch.device, ref_mod, link: "
     # median of a few scheduling hiccups on a loaded machine (an honest CPU candidate was called a cheat
     # by 1.5 ms that way while most of its calls took less by the judge's clock than it reported).
     excess = sorted(e - s for e, s in zip(seen_ms, samples))
+    loop_median = _quantile(loop_ms, 0.5)
     timing.update(external_median_ms=_quantile(sorted(seen_ms), 0.5),
                   external_excess_ms=_quantile(excess, 0.5) if excess else None,
-                  loop_overhead_ms=_quantile(loop_ms, 0.5),
-                  loop_overhead_spread_ms=_quantile(loop_ms, 0.5) - _quantile(loop_ms, 0.25),
+                  loop_overhead_ms=loop_median, loop_overhead_spread_ms=loop_median - _quantile(loop_ms, 0.25),
                   mode=effective_timing(device, include_host))
 
     # A candidate that behaves only for its first few calls is caught here too: same inputs as the last trial.

@@ -113,8 +113,8 @@ struct RowSlice {
 // keeps the checks out of the loop; ncu counted ~20 instructions a vector for them before.
 // (Prefetching the next vector's parameters into L1 measured 3-37 points slower, H100.)
 // Scalar rows (vectors under 8 bytes) load the parameters of two elements before they use the first
-// (4 spilled in the 32 registers of the 4-blocks row kernel; batching the loads of x into the cache
-// too measured slower). H100, against one at a time: bf16 512x100001 LN 206 -> 172 us, fp16
+// (4 spilled in the 32 registers of the 4-blocks row kernel, in a build that also batched the copies
+// of x into the cache, which measured slower). H100, against one at a time: bf16 512x100001 LN 206 -> 172 us, fp16
 // 2000x20001 RMS 116 -> 104, 11x22150 LN 28.7 -> 23.6 (benchmarks/results/h100-long-scalar-rows.txt).
 template <bool kCenter, bool kW, bool kB, bool kEvictFirst, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
