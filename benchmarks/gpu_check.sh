@@ -60,7 +60,7 @@ for stage in $stages; do
     sanitize)
       run memcheck 300 compute-sanitizer --tool memcheck --print-limit 5 --error-exitcode 1 python3 benchmarks/devtool.py sanitize
       # racecheck a section at a time: over all of them in one process it ended without a report (session 20)
-      for section in rows long_rows offset_rows channels family backward residual; do
+      for section in rows long_rows offset_rows channels family backward residual loss; do
         run "racecheck_$section" 300 compute-sanitizer --tool racecheck --print-limit 5 --error-exitcode 1 \
           python3 benchmarks/devtool.py sanitize --sections "$section"
       done ;;

@@ -1,10 +1,10 @@
 """The model suite's Llama under several `fastnorm.patch` options in one process, and where a training
 step's GPU time goes (torch.profiler, kernels grouped by kind).
 
-    python3 benchmarks/model_ab.py                         # unpatched, old patch, residual fused x 2 compile modes
+    python3 benchmarks/model_ab.py                         # unpatched, old patches, the default x 2 compile modes
     python3 benchmarks/model_ab.py --profile --no-compile  # plus the kernel breakdown of each eager step
 
-Options per variant: `fuse_residual` and `under_compile` of fastnorm.patch. Same model config, inputs
+Options per variant: `fuse_residual`, `fuse_loss` and `under_compile` of fastnorm.patch. Same model config, inputs
 and timing (median of synchronized wall-clock calls) as `fastnorm bench --suite model`.
 """
 import argparse
@@ -18,11 +18,14 @@ from fastnorm.bench import model_suite
 
 VARIANTS = {
     "pytorch": None,
-    "norms only": dict(fuse_residual=False, under_compile="kernels"),  # patch before residual fusion
-    "fused, kernels": dict(fuse_residual=True, under_compile="kernels"),
-    "fused, inductor": dict(fuse_residual=True, under_compile="inductor"),  # the default
+    "norms only": dict(fuse_residual=False, fuse_loss=False, under_compile="kernels"),  # patch before residual fusion
+    "fused, kernels": dict(fuse_residual=True, fuse_loss=False, under_compile="kernels"),
+    "fused, inductor": dict(fuse_residual=True, fuse_loss=False, under_compile="inductor"),  # the patch before the loss
+    "loss, kernels": dict(under_compile="kernels"),  # the loss too, fastnorm's ops under compile
+    "loss, inductor": dict(under_compile="inductor"),  # the default
 }
 KINDS = [  # (kind, substrings of kernel names), first match wins
+    ("fastnorm loss", ("fastnorm::loss::",)),
     ("fastnorm norms", ("fastnorm::",)),  # every kernel of ours lives in namespace fastnorm
     ("matmul", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas", "splitK")),
     ("attention", ("flash", "fmha", "attention", "sdpa")),

@@ -31,13 +31,18 @@ FAMILIES = {
 }
 GENERATIVE = ["llama", "qwen2", "mistral", "gemma", "t5", "gpt2"]
 DECODERS = ["llama", "qwen2", "mistral", "gemma"]  # Llama-style layers: the residual add fuses into a norm
+CAUSAL_LMS = DECODERS + ["gpt2"]  # their loss is transformers' causal-LM loss: fastnorm.cross_entropy computes it
 LAYERS = ["model.layers.0", "model.layers.1"]
 
 
 def split_report(report):
-    """(paths of replaced norms, paths of layers given a fused forward)."""
-    fused = [r.path for r in report.fused]
-    return [r.path for r in report.replaced if r.path not in fused], fused
+    """(paths of replaced norms, paths of layers given a fused forward, paths of models given fastnorm's loss)."""
+    fused, losses = [r.path for r in report.fused], [r.path for r in report.losses]
+    return [r.path for r in report.replaced if r.path not in fused + losses], fused, losses
+
+
+def expected_report(family, norms):
+    return norms, LAYERS if family in DECODERS else [], ["(root)"] if family in CAUSAL_LMS else []
 
 
 def build(family, device="cpu", dtype=torch.float32):
@@ -73,13 +78,15 @@ def test_patched_logits_match_and_unpatch_restores(family):
     params, keys = dict(model.named_parameters()), list(model.state_dict())
     originals = {path: model.get_submodule(path) for path in norms}
     report = fastnorm.patch(model)
-    assert split_report(report) == (norms, LAYERS if family in DECODERS else []) and report.skipped == []
+    assert split_report(report) == expected_report(family, norms) and report.skipped == []
     assert all(type(model.get_submodule(path)) is FAMILIES[family][4] for path in norms)
     assert dict(model.named_parameters()).keys() == params.keys()
     assert all(p is params[name] for name, p in model.named_parameters())
     assert list(model.state_dict()) == keys
     _assert_close(logits(model, inputs), expected)
-    assert fastnorm.unpatch(model) == norms + (LAYERS if family in DECODERS else [])
+    assert fastnorm.unpatch(model) == (norms + (["(root) (loss)"] if family in CAUSAL_LMS else [])
+                                       + (LAYERS if family in DECODERS else []))
+    assert "_loss_function" not in vars(model)
     assert all("forward" not in vars(model.get_submodule(path)) for path in LAYERS if family in DECODERS)
     assert all(model.get_submodule(path) is m for path, m in originals.items())
     assert torch.equal(logits(model, inputs), expected)
@@ -233,7 +240,7 @@ def test_patched_on_cuda(family, dtype):
     model, norms, inputs = build(family, device="cuda", dtype=dtype)
     expected = logits(model, inputs)
     report = fastnorm.patch(model)
-    assert split_report(report) == (norms, LAYERS if family in DECODERS else []) and report.skipped == []
+    assert split_report(report) == expected_report(family, norms) and report.skipped == []
     y = logits(model, inputs)
     assert y.dtype == expected.dtype and y.device == expected.device
     tol = 1e-4 if dtype == torch.float32 else 0.05
@@ -244,3 +251,86 @@ def test_patched_on_cuda(family, dtype):
         patched = model.generate(ids, **kwargs)
         fastnorm.unpatch(model)
         assert torch.equal(patched, model.generate(ids, **kwargs))
+
+
+# ---- the causal-LM loss (loss_patching) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("family", CAUSAL_LMS)
+def test_loss_takes_fastnorm_cross_entropy(family):
+    """The patched model's loss runs fastnorm.cross_entropy (forward and backward) and equals the original's,
+    with labels that ignore positions and with num_items_in_batch (the Trainer's gradient accumulation)."""
+    model, _, inputs = build(family)
+    inputs["labels"] = inputs["labels"].clone()
+    inputs["labels"][0, 2] = -100
+    expected = [model(**inputs).loss, model(**inputs, num_items_in_batch=torch.tensor(9)).loss]
+    fastnorm.patch(model)
+    with OpRecorder() as recorder:
+        loss = model(**inputs).loss
+        loss.backward()
+    assert {"fastnorm.cross_entropy", "fastnorm.cross_entropy_backward"} <= set(recorder.ops)
+    got = [loss, model(**inputs, num_items_in_batch=torch.tensor(9)).loss]
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype == torch.float32
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_fuse_loss_false_keeps_the_models_loss():
+    model, _, inputs = build("llama")
+    report = fastnorm.patch(model, fuse_loss=False)
+    assert report.losses == [] and "_loss_function" not in vars(model)
+    with OpRecorder() as recorder:
+        model(**inputs).loss.backward()
+    assert "fastnorm.cross_entropy" not in recorder.ops
+
+
+def test_a_loss_that_is_no_causal_lm_cross_entropy_stays():
+    """A user's own loss function with the same arguments (label smoothing here) fails the probe: it is
+    reported and stays, and unpatch leaves it in place."""
+    model, _, inputs = build("llama")
+
+    def smoothed(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kw):
+        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab_size), labels.reshape(-1),
+                                                 ignore_index=ignore_index, label_smoothing=0.1)
+
+    model.loss_function = smoothed
+    report = fastnorm.patch(model)
+    assert report.losses == []
+    assert [s.reason for s in report.skipped] == [
+        s.reason for s in report.skipped if s.path == "(root)" and s.reason.startswith("loss not fused: its loss is not")]
+    assert len(report.skipped) == 1 and model.loss_function is smoothed
+    fastnorm.unpatch(model)
+    assert model.loss_function is smoothed
+
+
+def test_unpatch_restores_a_loss_function_the_user_set():
+    model, _, inputs = build("llama")
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    def own(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
+        return ForCausalLMLoss(logits, labels, vocab_size, num_items_in_batch, ignore_index, shift_labels, **kwargs)
+
+    model.loss_function = own
+    report = fastnorm.patch(model)
+    assert [r.path for r in report.losses] == ["(root)"] and model.loss_function.original is own
+    assert fastnorm.patch(model).losses == []  # a second patch finds it fused already
+    fastnorm.unpatch(model)
+    assert model.loss_function is own
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_compiled_training_step_with_the_fused_loss(device):
+    """Under torch.compile the loss is fastnorm's op too: same loss and gradients as eager."""
+    model, _, inputs = build("llama", device=device)
+    fastnorm.patch(model)
+    model.train()
+    loss = model(**inputs).loss
+    loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    compiled_loss = torch.compile(model)(**inputs).loss
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-4, atol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-3, atol=1e-5)

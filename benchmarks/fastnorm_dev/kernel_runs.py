@@ -193,9 +193,24 @@ def _sanitize_residual(ext, dtype):
         y, h = fastnorm.layer_norm(x, shape[-1:], w, w, 1e-5, residual=r)
         torch.autograd.backward([y, h], [torch.randn_like(y), torch.randn_like(h)])
 
+
+def _sanitize_loss(ext, dtype):
+    import fastnorm
+
+    # Cross-entropy rows: several rows a block (a warp a row), 2-8 warps a row, heads and tails at odd
+    # offsets (x[:, 1:]), every other row, a last block with fewer rows than it holds, ignored rows.
+    for rows, classes in [(37, 100), (9, 1000), (5, 32000), (3, 50257), (1, 1)]:
+        base = torch.randn(rows, classes + 3, device="cuda", dtype=dtype)
+        for logits in (base[:, :classes], base[:, 1:classes + 1], base[::2, 3:]):
+            logits = logits.detach().requires_grad_()
+            target = torch.randint(0, classes, (logits.shape[0],), device="cuda")
+            target[0] = -100
+            fastnorm.cross_entropy(logits, target).backward()
+
+
 SANITIZE_SECTIONS = {"rows": _sanitize_rows, "long_rows": _sanitize_long_rows, "offset_rows": _sanitize_offset_rows,
                      "channels": _sanitize_channels, "family": _sanitize_family, "backward": _sanitize_backward,
-                     "residual": _sanitize_residual}
+                     "residual": _sanitize_residual, "loss": _sanitize_loss}
 
 
 def run_sanitize(args):

@@ -14,6 +14,9 @@ GroupNorm -> SiLU pairs (with `family` and `fuse_silu`) become one fastnorm.Grou
 pass where the structure shows the pair and the forward provably stays the same: in an nn.Sequential, a
 GroupNorm immediately followed by an nn.SiLU (the SiLU's slot becomes an nn.Identity, so indices stay);
 and in ResnetBlock2D-shaped blocks (diffusers' UNet / VAE), see _resnet_block_forward.
+
+Hugging Face causal language models (with `fuse_loss`) compute their loss with fastnorm.cross_entropy, the
+softmax normalization over the vocabulary in one pass: see loss_patching.
 """
 import inspect
 import math
@@ -24,7 +27,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fastnorm import family_modules
+from fastnorm import family_modules, loss_patching
 from fastnorm.modules import LayerNorm, RMSNorm, rms_norm_reference
 from fastnorm.ops.family_functional import group_norm
 from fastnorm.ops.functional import layer_norm, rms_norm
@@ -109,6 +112,7 @@ class PatchedRMSNorm(RMSNorm):
 
 
 _FUSED_SUFFIX = " (fused forward)"  # a Replaced entry's replacement: a block given a fused forward
+_LOSS_REPLACEMENT = "fastnorm.cross_entropy"  # a Replaced entry's replacement: a model given fastnorm's loss
 
 
 class Replaced(NamedTuple):
@@ -135,6 +139,11 @@ class PatchReport:
     def fused(self) -> List[Replaced]:
         """The entries of `replaced` that are blocks or layers given a fused forward (not norm modules)."""
         return [r for r in self.replaced if r.replacement.endswith(_FUSED_SUFFIX)]
+
+    @property
+    def losses(self) -> List[Replaced]:
+        """The entries of `replaced` that are models whose loss fastnorm.cross_entropy computes now."""
+        return [r for r in self.replaced if r.replacement == _LOSS_REPLACEMENT]
 
     def __str__(self) -> str:
         lines = [f"fastnorm.patch: replaced {len(self.replaced)} module(s), left {len(self.skipped)}"]
@@ -683,17 +692,34 @@ def _fuse_decoder_layers(model: nn.Module, under_compile: str, replaced: list, s
                                  "residual add fused into post_attention_layernorm"))
 
 
+def _fuse_losses(model: nn.Module, replaced: list, skipped: list) -> None:
+    """Give each causal language model in `model` (loss_patching) fastnorm.cross_entropy as its loss."""
+    for path, module in model.named_modules():
+        if not loss_patching.has_loss_slot(module):
+            continue
+        why_not = loss_patching.why_not_fusable(module)
+        if why_not is None:
+            original = loss_patching.install(module)
+            replaced.append(Replaced(path or "(root)", original, _LOSS_REPLACEMENT,
+                                     "the causal-LM loss in one pass over the logits, no float32 copy"))
+        elif why_not != "already fused":
+            skipped.append(Skipped(path or "(root)", _class_name(module), f"loss not fused: {why_not}"))
+
+
 UNDER_COMPILE = ("inductor", "kernels")
 
 
 def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, family: bool = True,
-          fuse_silu: bool = True, fuse_residual: bool = True, under_compile: str = "inductor") -> PatchReport:
+          fuse_silu: bool = True, fuse_residual: bool = True, fuse_loss: bool = True,
+          under_compile: str = "inductor") -> PatchReport:
     """Replace, in place, the LayerNorm and RMSNorm modules of `model` (and, with `family`, its BatchNorm,
     InstanceNorm and GroupNorm modules) by fastnorm modules holding the same Parameter and buffer
     objects; return a PatchReport of what was replaced and what was left and why. With `family` and
     `fuse_silu`, GroupNorm -> SiLU pairs run as one fused pass where the structure shows them (module
     docstring). With `fuse_residual`, Llama-style decoder layers add their attention output to the
-    residual inside post_attention_layernorm's kernel (_decoder_layer_forward).
+    residual inside post_attention_layernorm's kernel (_decoder_layer_forward). With `fuse_loss`, Hugging
+    Face causal language models compute their loss with fastnorm.cross_entropy (loss_patching), after a
+    probe shows their loss function is the causal-LM cross-entropy (its op, compiled or not).
 
     `under_compile`: what the replaced LayerNorm / RMSNorm modules and fused layers run inside
     torch.compile: "inductor" (PyTorch ops, which inductor fuses with the residual adds, casts and
@@ -729,6 +755,8 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, f
         replaced.append(Replaced(path, _class_name(child), _class_name(new), note))
     if fuse_residual:
         _fuse_decoder_layers(model, under_compile, replaced, skipped)
+    if fuse_loss:
+        _fuse_losses(model, replaced, skipped)
     for path, block in blocks:
         block.forward = types.MethodType(_resnet_block_forward, block)
         block.__dict__[_FUSED_FORWARD] = True
@@ -760,4 +788,6 @@ def unpatch(model: nn.Module) -> List[str]:
             vars(module).pop("forward", None)
             vars(module).pop(_INDUCTOR, None)
             restored.append(path or "(root)")
+        if loss_patching.uninstall(module):
+            restored.append(f"{path or '(root)'} (loss)")
     return restored

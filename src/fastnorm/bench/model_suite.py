@@ -77,9 +77,9 @@ def run(device: str, reps: int = 10, use_compile: Optional[bool] = None, log=pri
         model = _llama(device, cfg)
         if variant == "fastnorm":
             report = fastnorm.patch(model)
-            fused = len(report.fused)
-            log(f"model suite: fastnorm.patch replaced {len(report.replaced) - fused} norms, "
-                f"fused the residual add of {fused} layers")
+            fused, losses = len(report.fused), len(report.losses)
+            log(f"model suite: fastnorm.patch replaced {len(report.replaced) - fused - losses} norms, "
+                f"fused the residual add of {fused} layers" + (", computes the loss" if losses else ""))
         targets = [(variant, model)]
         if use_compile:
             targets.append((f"{variant} + compile", torch.compile(model)))

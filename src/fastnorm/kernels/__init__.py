@@ -12,7 +12,8 @@ _BINDINGS = ("binding.cpp", "family_binding.cpp")
 _MODULE = "module.cpp"  # the Python module; load_inline writes its own, so single-file solutions leave it out
 # Translation units per device type besides the binding: the CUDA forward is one unit per dtype pair
 # (forward_*.cu) plus the entry points (forward.cu), so that ninja compiles them in parallel.
-_UNITS = {"cpu": ("norm_cpu*.cpp",), "cuda": ("*.cu",)}
+# loss_binding.cpp: the CUDA cross-entropy's entry points, which no single-file solution holds.
+_UNITS = {"cpu": ("norm_cpu*.cpp",), "cuda": ("*.cu", "loss_binding.cpp")}
 _HEADERS = {"cpu": ("*.h",), "cuda": ("*.h", "*.cuh")}
 # The build macro the binding needs, per device type.
 DEFINES = {"cpu": [], "cuda": ["FASTNORM_CUDA"]}

@@ -64,3 +64,11 @@ std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& 
                                         const c10::optional<at::Tensor>& bias, const at::Tensor& mean,
                                         const at::Tensor& var, int64_t groups, double eps, int64_t activation,
                                         int64_t mode, bool need_dx, bool need_dweight, bool need_dbias);
+
+#ifdef FASTNORM_CUDA
+// Softmax cross-entropy over the classes of logits (rows, classes) (loss_binding.cpp, CUDA only; semantics in
+// loss_params.h): (loss, lse) per row, and the gradient of the logits given the loss's gradient dloss.
+std::vector<at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index);
+at::Tensor cross_entropy_backward(const at::Tensor& dloss, const at::Tensor& logits, const at::Tensor& target,
+                                  const at::Tensor& lse, int64_t ignore_index);
+#endif

@@ -274,4 +274,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "norm_forward recording CppNormFunction (ops/eager_autograd.py's NormFunction in C++) for autograd",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("begin_dim"), py::arg("end_dim"),
         py::arg("eps"), py::arg("rms"));
+#ifdef FASTNORM_CUDA
+  m.def("cross_entropy_forward", &cross_entropy_forward,
+        "(loss, lse) per row: softmax cross-entropy of logits (rows, classes) against int64 target classes",
+        py::arg("logits"), py::arg("target"), py::arg("ignore_index"));
+  m.def("cross_entropy_backward", &cross_entropy_backward,
+        "the gradient of the logits of cross_entropy_forward given the rows' loss gradient dloss",
+        py::arg("dloss"), py::arg("logits"), py::arg("target"), py::arg("lse"), py::arg("ignore_index"));
+#endif
 }

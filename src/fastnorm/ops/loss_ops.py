@@ -1,0 +1,90 @@
+"""The custom ops torch.ops.fastnorm.cross_entropy / cross_entropy_backward: softmax cross-entropy over the
+classes of logits (rows, classes), the log-softmax normalization of each row and the negative log-likelihood
+of its target class, computed in float32 (float64 for float64 logits) from the logits' own dtype.
+
+cross_entropy returns (loss, lse) per row: a row whose target is ignore_index has loss 0 and gradient 0; any
+other target outside [0, classes) gives NaN (PyTorch's device assert would end the caller's process).
+The backward reads the logits once more and writes their gradient, dloss * (softmax - onehot), in the
+logits' dtype: with the forward's single read, no float32 copy of the logits (a language model's largest
+tensor) is ever made. CUDA runs softmax_loss.cu; the CPU runs the same math in ATen's own ops.
+"""
+import torch
+
+from fastnorm.ops import extension, norm_ops  # norm_ops defines the fastnorm library
+from fastnorm.ops.library_compat import register_autograd, register_fake
+
+_lib = norm_ops._lib
+_lib.define("cross_entropy(Tensor logits, Tensor target, int ignore_index) -> (Tensor, Tensor)")
+_lib.define("cross_entropy_backward(Tensor dloss, Tensor logits, Tensor target, Tensor lse, int ignore_index) "
+            "-> Tensor")
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _cpu_targets(logits, target, ignore_index):
+    """(ignored rows, rows with a target out of range, targets with those replaced by class 0)."""
+    ignored = target == ignore_index
+    bad = ~ignored & ((target < 0) | (target >= logits.shape[1]))
+    return ignored, bad, torch.where(ignored | bad, torch.zeros_like(target), target)
+
+
+def cross_entropy_cpu(logits, target, ignore_index):
+    x = logits.to(acc_dtype(logits.dtype))
+    lse = torch.logsumexp(x, dim=1)
+    ignored, bad, safe = _cpu_targets(logits, target, ignore_index)
+    loss = lse - x.gather(1, safe.unsqueeze(1)).squeeze(1)
+    loss = torch.where(bad, torch.full_like(loss, float("nan")), loss)
+    return torch.where(ignored, torch.zeros_like(loss), loss), lse
+
+
+def cross_entropy_backward_cpu(dloss, logits, target, lse, ignore_index):
+    ignored, bad, safe = _cpu_targets(logits, target, ignore_index)
+    d = torch.where(ignored, torch.zeros_like(dloss), torch.where(bad, torch.full_like(dloss, float("nan")), dloss))
+    grad = torch.exp(logits.to(lse.dtype) - lse.unsqueeze(1)) * d.unsqueeze(1)
+    grad.scatter_add_(1, safe.unsqueeze(1), -d.unsqueeze(1))
+    return grad.to(logits.dtype)
+
+
+def cross_entropy_cuda(logits, target, ignore_index):
+    loss, lse = extension.load("cuda").cross_entropy_forward(logits, target, ignore_index)
+    return loss, lse
+
+
+def cross_entropy_backward_cuda(dloss, logits, target, lse, ignore_index):
+    return extension.load("cuda").cross_entropy_backward(dloss, logits, target, lse, ignore_index)
+
+
+_lib.impl("cross_entropy", cross_entropy_cpu, "CPU")
+_lib.impl("cross_entropy_backward", cross_entropy_backward_cpu, "CPU")
+_lib.impl("cross_entropy", cross_entropy_cuda, "CUDA")
+_lib.impl("cross_entropy_backward", cross_entropy_backward_cuda, "CUDA")
+
+
+@register_fake("fastnorm::cross_entropy")
+def _cross_entropy_fake(logits, target, ignore_index):
+    loss = logits.new_empty((logits.shape[0],), dtype=acc_dtype(logits.dtype))
+    return loss, torch.empty_like(loss)
+
+
+@register_fake("fastnorm::cross_entropy_backward")
+def _cross_entropy_backward_fake(dloss, logits, target, lse, ignore_index):
+    return logits.new_empty(logits.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    logits, target, ignore_index = inputs
+    ctx.ignore_index = ignore_index
+    ctx.save_for_backward(logits, target, output[1])
+
+
+def _backward(ctx, dloss, _dlse):  # lse is the backward's, not differentiable
+    logits, target, lse = ctx.saved_tensors
+    if dloss is None or not ctx.needs_input_grad[0]:
+        return None, None, None
+    dloss = dloss.to(lse.dtype).contiguous()
+    return torch.ops.fastnorm.cross_entropy_backward(dloss, logits, target, lse, ctx.ignore_index), None, None
+
+
+register_autograd(_lib, "fastnorm::cross_entropy", _backward, _setup_context)
