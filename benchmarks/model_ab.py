@@ -94,7 +94,7 @@ def main():
                 m(input_ids=ids, labels=ids).loss.backward()
 
             for step, fn in (("forward", forward), ("train", train)):
-                ms = model_suite._time(fn, device, args.reps)
+                ms = model_suite._time_interleaved({step: fn}, device, args.reps)[step]
                 rows.append(dict(variant=variant, mode=mode, step=step, ms=ms, tokens_per_s=tokens / ms * 1e3))
                 print(f"  {variant:<16} {mode:<8} {step:<8} {ms:8.2f} ms")
             if args.profile and mode == "eager":

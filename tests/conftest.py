@@ -5,6 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fastnorm.ops.validate import default_rms_eps
+
 # Worst error allowed, relative to the output's scale (max |reference|, at least 1), per output dtype.
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
@@ -68,16 +70,17 @@ def needs_torch_rms_norm_for(*texts):
 
 
 def rms_norm_definition(x, normalized_shape, weight=None, eps=None):
-    """F.rms_norm written out (computed in x's dtype, eps None = finfo(x.dtype).eps), for any torch."""
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    """F.rms_norm written out (computed in x's dtype, eps None = the epsilon of the type torch computes in:
+    float32's for half types), for any torch."""
+    eps = default_rms_eps(x.dtype) if eps is None else eps
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
     y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
     return y if weight is None else y * weight
 
 
 def reference_rms_norm(x, normalized_shape=None, weight=None, eps=None, dim=None):
-    """PyTorch's rms_norm computed in float64; eps None means finfo(x.dtype).eps, like the real thing."""
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    """PyTorch's rms_norm computed in float64; eps None as the real thing takes it (default_rms_eps)."""
+    eps = default_rms_eps(x.dtype) if eps is None else eps
     if dim is None:
         return rms_norm_definition(x.double(), tuple(normalized_shape), _wide(weight), eps)
     begin, end = _dim_range(x, dim)

@@ -34,3 +34,17 @@ def test_model_suite_without_transformers_says_how(monkeypatch):
     lines = []
     assert model_suite.run("cpu", log=lines.append) is None
     assert lines == ['the model suite needs transformers: pip install transformers (or "fastnorm[test]")']
+
+
+def test_variants_are_timed_in_rounds_and_a_failing_one_is_reported():
+    calls = []
+
+    def make(name):
+        return lambda: calls.append(name)
+
+    def broken():
+        raise RuntimeError("no kernel")
+
+    times = model_suite._time_interleaved({"a": make("a"), "b": make("b"), "bad": broken}, "cpu", reps=3)
+    assert calls == ["a"] * 3 + ["b"] * 3 + ["a", "b"] * 3  # warm-up each, then a round of every variant
+    assert times["a"] >= 0 and times["b"] >= 0 and isinstance(times["bad"], RuntimeError)

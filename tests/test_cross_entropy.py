@@ -11,7 +11,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 # Worst error relative to the largest |reference| (at least 1 for the loss): the loss is computed in float32
 # (float64) from the logits as stored, so it is as exact for every dtype; the gradient is rounded once to
-# the logits' dtype.
+# the logits' dtype. Plus the input's terms: x - lse rounds to ulps of max |x| in the accumulator type
+# (logits near 1000 hold only 4 decimals past the point in float32, in PyTorch's loss too).
 LOSS_TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-5, torch.float16: 1e-5}
 GRAD_TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 # (rows, classes): one class, tiny rows (a warp a row, several rows a block), odd vocabularies (GPT-2's
@@ -31,8 +32,11 @@ def compare(logits, target, reduction="mean", ignore_index=-100):
     x64 = logits.detach().double().requires_grad_()
     ref = F.cross_entropy(x64, target, ignore_index=ignore_index, reduction=reduction)
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    finite = logits[logits.isfinite()]
+    terms = 4 * torch.finfo(acc).eps * (finite.double().abs().max().item() if finite.numel() else 0.0)
     assert loss.dtype == acc and loss.shape == ref.shape
-    assert (loss.double() - ref).abs().max().item() / max(ref.abs().max().item(), 1.0) <= LOSS_TOL[logits.dtype]
+    scale = max(ref.abs().max().item(), 1.0)
+    assert (loss.double() - ref).abs().max().item() / scale <= LOSS_TOL[logits.dtype] + terms / scale
     rows = max(target.numel(), 1)
     upstream = torch.rand_like(ref) + 0.5
     if reduction == "mean":
@@ -40,7 +44,7 @@ def compare(logits, target, reduction="mean", ignore_index=-100):
     (loss * upstream.to(acc)).sum().backward()
     (ref * upstream).sum().backward()
     assert x.grad.dtype == logits.dtype and x.grad.shape == logits.shape
-    assert rel(x.grad, x64.grad) <= GRAD_TOL[logits.dtype], rel(x.grad, x64.grad)
+    assert rel(x.grad, x64.grad) <= GRAD_TOL[logits.dtype] + terms, rel(x.grad, x64.grad)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -55,13 +59,18 @@ def test_matches_float64(device, dtype, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("reduction", ["sum", "none"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_reductions(device, reduction, dtype):
-    logits = torch.randn(37, 1001, device=device).to(dtype)
-    target = torch.randint(0, 1001, (37,), device=device)
+@pytest.mark.parametrize("shape", [(37, 1001), (40000, 7)], ids=["reduced-in-kernel", "reduced-by-aten"])
+def test_reductions(device, reduction, dtype, shape):
+    """The sum or mean comes from the kernels' own launch up to 32768 rows on CUDA, from ATen's sums past
+    that; either way the same bits on every call."""
+    logits = torch.randn(shape, device=device).to(dtype)
+    target = torch.randint(0, shape[1], (shape[0],), device=device)
     target[::5] = -100
     compare(logits, target, reduction)
+    again = [fastnorm.cross_entropy(logits, target, reduction=reduction) for _ in range(2)]
+    assert torch.equal(again[0], again[1])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 import fastnorm
 from fastnorm.ops import extension
+from fastnorm.ops.validate import default_rms_eps
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -198,7 +199,7 @@ def test_fast_entry_matches_op(shape, dtype):
     assert torch.equal(fast, op)
     fast, op = fastnorm.rms_norm(x, shape[-1:], w, 1e-5), torch.ops.fastnorm.rms_norm(x, 1, 2, w, 1e-5)
     assert torch.equal(fast, op)
-    check(fastnorm.rms_norm(x, dim=1), reference(x, 1, 2, None, None, torch.finfo(dtype).eps, True), dtype)
+    check(fastnorm.rms_norm(x, dim=1), reference(x, 1, 2, None, None, default_rms_eps(dtype), True), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -6,6 +6,7 @@ import torch
 
 import fastnorm
 from fastnorm.ops import extension
+from fastnorm.ops.validate import default_rms_eps
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,8 @@ def test_plain_calls_match_the_op(ext, dtype):
     assert y is not None and torch.equal(y, torch.ops.fastnorm.layer_norm(x, 1, 2, w, b, 1e-5))
     y = ext.try_rms_norm(x, 40, None, w, 1e-6)
     assert y is not None and torch.equal(y, torch.ops.fastnorm.rms_norm(x, 1, 2, w, 1e-6))
-    y = ext.try_rms_norm(x, None, -1, None, None)  # eps None: the dtype's machine epsilon
-    eps = torch.finfo(dtype).eps
+    y = ext.try_rms_norm(x, None, -1, None, None)  # eps None: the accumulator's machine epsilon, as in torch
+    eps = default_rms_eps(dtype)
     assert y is not None and torch.equal(y, torch.ops.fastnorm.rms_norm(x, 1, 2, None, eps))
     x4 = torch.randn(2, 8, 3, 5, dtype=dtype)
     y = ext.try_layer_norm(x4, [8], 1, w[:8].contiguous(), None, 1e-5)

@@ -1,8 +1,10 @@
 """fastnorm.layer_norm / rms_norm on CPU against PyTorch's own, computed in float64."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fastnorm
+from fastnorm.ops.validate import default_rms_eps
 from conftest import assert_matches_reference, reference_layer_norm, reference_rms_norm, rms_norm_definition
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -194,12 +196,18 @@ def test_empty_tensors_channel_axis(shape, dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rms_norm_default_eps_is_finfo_eps(dtype):
-    # Mean square far below 1, so the result depends visibly on eps.
-    scale = {torch.float64: 1e-9, torch.float32: 3e-4, torch.bfloat16: 0.05, torch.float16: 0.05}[dtype]
+def test_rms_norm_default_eps_is_torchs(dtype):
+    """eps None: the epsilon of the accumulator type (float32's for the half types), which is what
+    F.rms_norm's kernels take, not the finfo(x.dtype).eps its documentation names."""
+    # Mean square near eps, so the result depends visibly on it.
+    scale = 1e-9 if dtype == torch.float64 else 3e-4
     x = (torch.randn(5, 64, dtype=torch.float64) * scale).to(dtype)
     y = fastnorm.rms_norm(x, (64,))
-    assert_matches_reference(y, reference_rms_norm(x, (64,), None, torch.finfo(dtype).eps))
+    assert_matches_reference(y, reference_rms_norm(x, (64,), None, torch.finfo(torch.float32 if dtype != torch.float64
+                                                                                else torch.float64).eps))
+    if hasattr(F, "rms_norm"):
+        assert_matches_reference(y, F.rms_norm(x.double(), (64,), eps=default_rms_eps(dtype)))
+        assert_matches_reference(F.rms_norm(x, (64,)), F.rms_norm(x.double(), (64,), eps=default_rms_eps(dtype)))
     assert_matches_reference(fastnorm.rms_norm(x, (64,), eps=None), reference_rms_norm(x, (64,), None, None))
     assert not torch.allclose(y.double(), reference_rms_norm(x, (64,), None, 0.0), rtol=0.05)
 

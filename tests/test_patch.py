@@ -325,7 +325,15 @@ def test_patch_on_cuda(dtype):
     _randomize(model)
     x = torch.randn(8, 64, device="cuda", dtype=dtype)
     expected = model(x)
+    inputs = [x]  # each layer's input in the original chain
+    for layer in list(model)[:-1]:
+        inputs.append(layer(inputs[-1]))
+    expected_layers = [layer(h) for layer, h in zip(model, inputs)]
     report = fastnorm.patch(model)
     assert len(report.replaced) == 5 and report.skipped == []
     assert all(p.device.type == "cuda" for p in model.parameters())
-    _assert_close(model(x), expected)
+    for layer, h, e in zip(model, inputs, expected_layers):
+        _assert_close(layer(h), e)
+    if dtype == torch.float32:  # in bf16 five norms in a row amplify each one's last-bit differences past the
+        _assert_close(model(x), expected)  # tolerance (17 of 300 seeds with the CPU kernels), so layer by layer
+

@@ -7,6 +7,7 @@ from torch import nn
 
 from fastnorm.ops.functional import layer_norm, rms_norm
 from fastnorm.ops.norm_ops import accumulator_dtype, reference_forward
+from fastnorm.ops.validate import default_rms_eps
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -54,7 +55,7 @@ def rms_norm_reference(x, normalized_shape, weight, eps, weight_offset: float = 
     """RMSNorm in PyTorch ops (statistics in float32 or wider, one rounding to `out_dtype`, default x's
     dtype): what patched modules trace to under torch.compile (see _InductorUnderCompile)."""
     wide = accumulator_dtype(x.dtype)  # float64 stays float64
-    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    eps = default_rms_eps(x.dtype) if eps is None else eps
     w = None if weight is None else weight.to(wide) + weight_offset
     y = reference_forward(x.to(wide), x.dim() - len(normalized_shape), x.dim(), w, None, eps, rms=True)
     return y.to(x.dtype if out_dtype is None else out_dtype)

@@ -187,7 +187,7 @@ def load_baseline(args, device: torch.device):
 def run_model_suite(device: torch.device, args, use_compile: bool) -> int:
     """--suite model: its own rows (a whole model, not a norm call), table and JSON."""
     log(f"fastnorm bench --suite model on {report.device_name(device)} (torch {torch.__version__})")
-    rows = model_suite.run(device.type, reps=3 if args.quick else 10, use_compile=use_compile, log=log)
+    rows = model_suite.run(device.type, reps=3 if args.quick else 20, use_compile=use_compile, log=log)
     if rows is None:
         return 2
     log("")

@@ -43,24 +43,37 @@ def _llama(device: str, cfg: dict):
     return LlamaForCausalLM(config).to(device=device, dtype=DTYPES[cfg["dtype"]])
 
 
-def _time(fn, device: str, reps: int) -> float:
-    """Median milliseconds of `fn` after warm-up (CUDA: synchronized wall clock around each call)."""
-    for _ in range(3):
-        fn()
+def _time_interleaved(fns: dict, device: str, reps: int) -> dict:
+    """{name: median milliseconds} of each of `fns` after 3 warm-up calls each (CUDA: synchronized wall
+    clock around each call), timed in rounds, each function once a round: a drift of the GPU's clocks
+    over the run (it warms up) weighs on every variant alike instead of on the last measured. A function
+    that raises gets its exception in place of a time; the others go on."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    times = []
+    results, live = {}, dict(fns)
+    for name, fn in fns.items():
+        try:
+            for _ in range(3):
+                fn()
+        except Exception as exc:  # a failing variant is reported, the others still run
+            results[name] = exc
+            del live[name]
+    times = {name: [] for name in live}
     for _ in range(reps):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+        for name, fn in live.items():
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    for name, values in times.items():
+        values.sort()
+        results[name] = values[len(values) // 2]
+    return results
 
 
 def run(device: str, reps: int = 10, use_compile: Optional[bool] = None, log=print) -> Optional[List[ModelRow]]:
-    """The suite's rows, or None when transformers is missing (after saying so)."""
+    """The suite's rows, or None when transformers is missing (after saying so). Both models live side by
+    side and every variant is timed in the same rounds (_time_interleaved)."""
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -72,7 +85,7 @@ def run(device: str, reps: int = 10, use_compile: Optional[bool] = None, log=pri
     use_compile = device == "cuda" if use_compile is None else use_compile
     tokens = cfg["batch"] * cfg["seq"]
     ids = torch.randint(0, cfg["vocab_size"], (cfg["batch"], cfg["seq"]), device=device)
-    rows = []
+    targets = {}  # variant name -> (model, module to call)
     for variant in ("pytorch", "fastnorm"):
         model = _llama(device, cfg)
         if variant == "fastnorm":
@@ -80,30 +93,39 @@ def run(device: str, reps: int = 10, use_compile: Optional[bool] = None, log=pri
             fused, losses = len(report.fused), len(report.losses)
             log(f"model suite: fastnorm.patch replaced {len(report.replaced) - fused - losses} norms, "
                 f"fused the residual add of {fused} layers" + (", computes the loss" if losses else ""))
-        targets = [(variant, model)]
+        targets[variant] = (model, model)
         if use_compile:
-            targets.append((f"{variant} + compile", torch.compile(model)))
-        for name, m in targets:
-            def forward():
-                with torch.no_grad():
-                    m(input_ids=ids)
+            targets[f"{variant} + compile"] = (model, torch.compile(model))
 
-            def train():
-                out = m(input_ids=ids, labels=ids)
-                out.loss.backward()
+    def forward(m):
+        def call():
+            with torch.no_grad():
+                m(input_ids=ids)
+        return call
 
-            for mode, fn in (("forward", forward), ("train", train)):
-                try:
-                    ms = _time(fn, device, reps)
-                    rows.append(ModelRow(mode, name, ms, tokens / ms * 1e3))
-                except Exception as exc:  # a failing variant is reported, the others still run
-                    rows.append(ModelRow(mode, name, None, None, f"{type(exc).__name__}: {exc}"[:200]))
-                log(f"  {mode:<8} {name:<22} " + (f"{rows[-1].ms:9.2f} ms  {rows[-1].tokens_per_s:12.0f} tok/s"
-                                                  if rows[-1].ms else f"FAILED {rows[-1].note}"))
-            m.zero_grad(set_to_none=True)
-        del model, targets
-        if device == "cuda":
-            torch.cuda.empty_cache()
+    def train(m):
+        def call():
+            m(input_ids=ids, labels=ids).loss.backward()
+        return call
+
+    measured = {}
+    for mode, make in (("forward", forward), ("train", train)):
+        measured[mode] = _time_interleaved({name: make(m) for name, (_, m) in targets.items()}, device, reps)
+        for model, _ in targets.values():
+            model.zero_grad(set_to_none=True)
+    rows = []
+    for name in targets:
+        for mode in ("forward", "train"):
+            result = measured[mode][name]
+            if isinstance(result, Exception):
+                rows.append(ModelRow(mode, name, None, None, f"{type(result).__name__}: {result}"[:200]))
+            else:
+                rows.append(ModelRow(mode, name, result, tokens / result * 1e3))
+            log(f"  {mode:<8} {name:<22} " + (f"{rows[-1].ms:9.2f} ms  {rows[-1].tokens_per_s:12.0f} tok/s"
+                                              if rows[-1].ms else f"FAILED {rows[-1].note}"))
+    del targets
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return rows
 
 

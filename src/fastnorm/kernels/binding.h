@@ -67,8 +67,11 @@ std::vector<at::Tensor> family_backward(const at::Tensor& dy, const at::Tensor& 
 
 #ifdef FASTNORM_CUDA
 // Softmax cross-entropy over the classes of logits (rows, classes) (loss_binding.cpp, CUDA only; semantics in
-// loss_params.h): (loss, lse) per row, and the gradient of the logits given the loss's gradient dloss.
-std::vector<at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index);
+// loss_params.h): (out, lse, valid): the rows' losses reduced by `reduction` (CrossEntropyReduction), their
+// log-sum-exp and the count of rows not ignored; and the gradient of the logits given out's gradient dloss.
+std::vector<at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index,
+                                              int64_t reduction);
 at::Tensor cross_entropy_backward(const at::Tensor& dloss, const at::Tensor& logits, const at::Tensor& target,
-                                  const at::Tensor& lse, int64_t ignore_index);
+                                  const at::Tensor& lse, const at::Tensor& valid, int64_t ignore_index,
+                                  int64_t reduction);
 #endif

@@ -158,9 +158,7 @@ bool float_dtype(at::ScalarType t) { return dtype_code(t) != FN_NONE; }
 
 double default_eps(at::ScalarType t) {
   switch (t) {
-    case at::kHalf: return 0.0009765625;
-    case at::kBFloat16: return 0.0078125;
-    case at::kDouble: return 2.220446049250313e-16;
+    case at::kDouble: return 2.220446049250313e-16;  // half types too take float32's: validate.default_rms_eps
     default: return 1.1920928955078125e-07;
   }
 }
@@ -276,10 +274,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("eps"), py::arg("rms"));
 #ifdef FASTNORM_CUDA
   m.def("cross_entropy_forward", &cross_entropy_forward,
-        "(loss, lse) per row: softmax cross-entropy of logits (rows, classes) against int64 target classes",
-        py::arg("logits"), py::arg("target"), py::arg("ignore_index"));
+        "(out, lse, valid): softmax cross-entropy of logits (rows, classes) against int64 target classes, "
+        "reduced (0 none, 1 sum, 2 mean), the rows' log-sum-exp and the count of rows not ignored",
+        py::arg("logits"), py::arg("target"), py::arg("ignore_index"), py::arg("reduction"));
   m.def("cross_entropy_backward", &cross_entropy_backward,
-        "the gradient of the logits of cross_entropy_forward given the rows' loss gradient dloss",
-        py::arg("dloss"), py::arg("logits"), py::arg("target"), py::arg("lse"), py::arg("ignore_index"));
+        "the gradient of the logits of cross_entropy_forward given the gradient dloss of its out",
+        py::arg("dloss"), py::arg("logits"), py::arg("target"), py::arg("lse"), py::arg("valid"),
+        py::arg("ignore_index"), py::arg("reduction"));
 #endif
 }

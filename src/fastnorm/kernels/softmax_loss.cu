@@ -148,7 +148,12 @@ __global__ void __launch_bounds__(kMaxThreads) cross_entropy_backward_kernel(Cro
   const int64_t target = p.target[r];
   const A lse = static_cast<const A*>(p.lse)[r];
   A d = A(0);
-  if (target != p.ignore_index) d = target < 0 || target >= n ? A(NAN) : static_cast<const A*>(p.dloss)[r];
+  if (target != p.ignore_index) {
+    const A* dloss = static_cast<const A*>(p.dloss);
+    d = p.reduction == FN_REDUCE_NONE ? dloss[r] : dloss[0];
+    if (p.reduction == FN_REDUCE_MEAN) d /= static_cast<const A*>(p.valid)[0];
+    if (target < 0 || target >= n) d = A(NAN);
+  }
   const int head = min(head_elements(row), n);
   if (head != min(head_elements(out), n)) {  // x and its gradient at different 16-byte offsets: scalar
     for (int c = t; c < n; c += threads) out[c] = gradient<T, 1>(Vec<T, 1>{{row[c]}}, c, target, lse, d).v[0];
@@ -173,6 +178,35 @@ __global__ void __launch_bounds__(kMaxThreads) cross_entropy_backward_kernel(Cro
   for (; i < vecs; i += threads) store_vec<false>(out_body + i, gradient<T, VEC>(load_vec<false>(body + i), head + i * VEC, target, lse, d));
 }
 
+// The sum (or mean) of the rows' losses and the count of rows not ignored, by one block in a fixed order
+// (the same bits on every run): for calls of up to kCrossEntropyReduceRows rows, where a separate sum, count and
+// division would be three more launches than the kernels themselves (loss_binding.cpp sums longer ones).
+constexpr int kReduceThreads = 1024;
+
+template <typename A>
+__global__ void __launch_bounds__(kReduceThreads) reduce_loss_kernel(CrossEntropyParams p) {
+  __shared__ A sums[kReduceThreads / 32], counts[kReduceThreads / 32];
+  const A* loss = static_cast<const A*>(p.loss);
+  A sum = A(0), count = A(0);
+  for (int64_t r = threadIdx.x; r < p.rows; r += kReduceThreads) {
+    sum += loss[r];
+    count += p.target[r] != p.ignore_index ? A(1) : A(0);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    count += __shfl_xor_sync(0xffffffffu, count, offset);
+  }
+  if (threadIdx.x % 32 == 0) sums[threadIdx.x / 32] = sum, counts[threadIdx.x / 32] = count;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sum = count = A(0);
+    for (int w = 0; w < kReduceThreads / 32; ++w) sum += sums[w], count += counts[w];
+    static_cast<A*>(p.out)[0] = p.reduction == FN_REDUCE_MEAN ? sum / count : sum;
+    static_cast<A*>(p.valid)[0] = count;
+  }
+}
+
 // Threads a row: enough for kUnroll vectors a thread, a power of two from a warp to kMaxThreads.
 template <typename T>
 int threads_for(int64_t classes) {
@@ -191,6 +225,9 @@ const char* launch(const CrossEntropyParams& p, bool backward, cudaStream_t stre
     cross_entropy_backward_kernel<T><<<blocks, block, 0, stream>>>(p);
   } else {
     cross_entropy_forward_kernel<T><<<blocks, block, 0, stream>>>(p);
+    if (p.reduction != FN_REDUCE_NONE && p.out) {
+      reduce_loss_kernel<typename AccOf<T>::type><<<1, kReduceThreads, 0, stream>>>(p);
+    }
   }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
@@ -199,12 +236,15 @@ const char* launch(const CrossEntropyParams& p, bool backward, cudaStream_t stre
 }  // namespace loss
 }  // namespace fastnorm
 
-// The forward (backward false: loss and lse) or backward (dlogits) of a call; an error message or null.
+// The forward (backward false: loss and lse, and with p.out set the reduction) or backward (dlogits) of a
+// call; an error message or null.
 const char* fastnorm_cuda_cross_entropy(const CrossEntropyParams& p, bool backward, void* stream) {
   using fastnorm::loss::launch;
   if (p.rows == 0) return nullptr;
   if (!p.logits || !p.target || p.classes <= 0 || p.classes > INT32_MAX || p.rows > INT32_MAX ||
-      (backward ? !p.dloss || !p.dlogits || !p.lse : !p.loss || !p.lse)) {
+      p.reduction < FN_REDUCE_NONE || p.reduction > FN_REDUCE_MEAN ||
+      (backward ? !p.dloss || !p.dlogits || !p.lse || (p.reduction == FN_REDUCE_MEAN && !p.valid)
+                : !p.loss || !p.lse || (p.out && !p.valid))) {
     return "fastnorm_cuda_cross_entropy: inconsistent parameters";
   }
   const auto s = static_cast<cudaStream_t>(stream);

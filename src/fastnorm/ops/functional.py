@@ -4,7 +4,7 @@ import torch
 from fastnorm.ops import extension, norm_ops, residual_ops  # they register torch.ops.fastnorm.*
 from fastnorm.ops.direct import direct_call_ok
 from fastnorm.ops.eager_autograd import function_call_ok, norm_autograd
-from fastnorm.ops.validate import check_affine, check_residual, norm_dims
+from fastnorm.ops.validate import check_affine, check_residual, default_rms_eps, norm_dims
 
 _Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
@@ -60,7 +60,8 @@ def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e
 def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None, residual=None, residual_in_fp32=False):
     """RMSNorm: x / sqrt(mean(x**2) + eps) [* weight], over trailing dims or the consecutive dims `dim`.
 
-    Same semantics as torch.nn.functional.rms_norm (eps None means torch.finfo(x.dtype).eps).
+    Same semantics as torch.nn.functional.rms_norm (eps None: as PyTorch computes it, float32's epsilon
+    for float32, float16 and bfloat16, float64's for float64; see validate.default_rms_eps).
     With `residual`: returns (y, h), h = x + residual (float32 with residual_in_fp32), y = rms_norm(h),
     fused in one kernel where it can be.
     """
@@ -68,7 +69,7 @@ def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None, resid
         begin, end = norm_dims(x, normalized_shape, dim, "rms_norm")
         check_affine(x, begin, end, "rms_norm", weight=weight)
         check_residual(x, residual, residual_in_fp32, "rms_norm")
-        eps = torch.finfo(x.dtype).eps if eps is None else eps
+        eps = default_rms_eps(x.dtype) if eps is None else eps
         args = (x, residual, begin, end, weight, float(eps), bool(residual_in_fp32))
         if direct_call_ok(x, residual, weight):
             return residual_ops.add_rms_norm_kernel(*args)
@@ -81,7 +82,7 @@ def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None, resid
     begin, end = norm_dims(x, normalized_shape, dim, "rms_norm")
     check_affine(x, begin, end, "rms_norm", weight=weight)
     if eps is None:
-        eps = torch.finfo(x.dtype).eps
+        eps = default_rms_eps(x.dtype)
     if direct_call_ok(x, weight):
         return norm_ops.rms_norm_kernel(x, begin, end, weight, float(eps))
     if function_call_ok(x, weight):

@@ -63,8 +63,8 @@ def fused_rms_norm(x, normalized_shape, weight=None, eps=None):
     if begin < 0 or tuple(x.shape[begin:]) != tuple(normalized_shape):
         raise ValueError(f"rms_norm: normalized_shape {tuple(normalized_shape)} is not the end of "
                          f"the input shape {tuple(x.shape)}")
-    if eps is None:
-        eps = torch.finfo(x.dtype).eps
+    if eps is None:  # as F.rms_norm computes it: the accumulator type's epsilon (float32's for half types)
+        eps = torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps
     return _ext.norm_forward(x, weight, None, begin, x.dim(), float(eps), True, THREADS, BLOCKS_PER_ROW)
 
 

@@ -27,7 +27,7 @@ class NormMatch:
     end: int
     weight: bool
     bias: bool
-    eps: Any                   # value for the report; None means torch.finfo(dtype).eps
+    eps: Any                   # value for the report; None: as F.rms_norm takes it (validate.default_rms_eps)
     eps_source: str            # where eps comes from, for the report
     over: str = ""             # what is reduced, when [begin, end) does not say it (BatchNorm, GroupNorm, ...)
 
