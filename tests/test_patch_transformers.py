@@ -319,18 +319,27 @@ def test_unpatch_restores_a_loss_function_the_user_set():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_compiled_training_step_with_the_fused_loss(device):
-    """Under torch.compile the loss is fastnorm's op too: same loss and gradients as eager."""
+@pytest.mark.parametrize("under_compile", ["inductor", "kernels"])
+def test_compiled_training_step_with_the_fused_loss(device, under_compile):
+    """Under torch.compile the loss is the original's ("inductor") or fastnorm's op ("kernels"): the same
+    loss and gradients as the eager patched model either way, and the graph holds the op only with "kernels"."""
     model, _, inputs = build("llama", device=device)
-    fastnorm.patch(model)
+    fastnorm.patch(model, under_compile=under_compile)
     model.train()
     loss = model(**inputs).loss
     loss.backward()
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     torch._dynamo.reset()
-    compiled_loss = torch.compile(model)(**inputs).loss
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return torch._inductor.compile(gm, example_inputs)
+
+    compiled_loss = torch.compile(model, backend=backend)(**inputs).loss
     compiled_loss.backward()
+    assert any("fastnorm.cross_entropy" in t for t in targets) == (under_compile == "kernels")
     torch.testing.assert_close(compiled_loss, loss, rtol=1e-4, atol=1e-5)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-3, atol=1e-5)

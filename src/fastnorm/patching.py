@@ -692,14 +692,14 @@ def _fuse_decoder_layers(model: nn.Module, under_compile: str, replaced: list, s
                                  "residual add fused into post_attention_layernorm"))
 
 
-def _fuse_losses(model: nn.Module, replaced: list, skipped: list) -> None:
+def _fuse_losses(model: nn.Module, under_compile: str, replaced: list, skipped: list) -> None:
     """Give each causal language model in `model` (loss_patching) fastnorm.cross_entropy as its loss."""
     for path, module in model.named_modules():
         if not loss_patching.has_loss_slot(module):
             continue
         why_not = loss_patching.why_not_fusable(module)
         if why_not is None:
-            original = loss_patching.install(module)
+            original = loss_patching.install(module, under_compile == "inductor")
             replaced.append(Replaced(path or "(root)", original, _LOSS_REPLACEMENT,
                                      "the causal-LM loss in one pass over the logits, no float32 copy"))
         elif why_not != "already fused":
@@ -719,9 +719,9 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, f
     docstring). With `fuse_residual`, Llama-style decoder layers add their attention output to the
     residual inside post_attention_layernorm's kernel (_decoder_layer_forward). With `fuse_loss`, Hugging
     Face causal language models compute their loss with fastnorm.cross_entropy (loss_patching), after a
-    probe shows their loss function is the causal-LM cross-entropy (its op, compiled or not).
+    probe shows their loss function is the causal-LM cross-entropy.
 
-    `under_compile`: what the replaced LayerNorm / RMSNorm modules and fused layers run inside
+    `under_compile`: what the replaced LayerNorm / RMSNorm modules, fused layers and losses run inside
     torch.compile: "inductor" (PyTorch ops, which inductor fuses with the residual adds, casts and
     gradient sums around each norm: a compiled patched model runs like the compiled original) or
     "kernels" (fastnorm's kernels as custom ops). Eager calls always take fastnorm's kernels.
@@ -756,7 +756,7 @@ def patch(model: nn.Module, *, layer_norm: bool = True, rms_norm: bool = True, f
     if fuse_residual:
         _fuse_decoder_layers(model, under_compile, replaced, skipped)
     if fuse_loss:
-        _fuse_losses(model, replaced, skipped)
+        _fuse_losses(model, under_compile, replaced, skipped)
     for path, block in blocks:
         block.forward = types.MethodType(_resnet_block_forward, block)
         block.__dict__[_FUSED_FORWARD] = True
