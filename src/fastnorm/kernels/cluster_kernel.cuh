@@ -36,6 +36,7 @@ __global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cl
   const int64_t nvec = a.n / VEC;
   const int64_t v0 = min(nvec, int64_t(part) * slice_vec), v1 = min(nvec, v0 + slice_vec);
   BlockSlice<A, T, W, VEC> slice(a, v0, v1, dyn_smem);
+  if (row_step >= a.rows) slice.prefetch_params();  // a row a cluster
   const int t = threadIdx.x, lane = t & 31;
   const bool rms = a.rms;
   int parity = 0;

@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, ClusterBlocksOf<T>::value) spl
   const int64_t per_block = (nvec + g - 1) / g;
   const int64_t v0 = min(nvec, part * per_block), v1 = min(nvec, v0 + per_block);
   BlockSlice<A, T, W, VEC> slice(a, v0, v1, dyn_smem);
+  if (slots >= a.rows) slice.prefetch_params();  // a row a block
   const int t = threadIdx.x, lane = t & 31;
   const bool rms = a.rms;
   auto* partials = reinterpret_cast<Stats<A>*>(ws.partials);
