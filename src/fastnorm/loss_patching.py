@@ -6,7 +6,7 @@ and 8192 tokens, 1 GB written and read back), takes log_softmax, gathers the tar
 writes and reads float32 gradients of the same size before casting them back. fastnorm.cross_entropy reads
 the logits once in their own dtype, computes in float32, and writes their gradient once. Recognized by
 structure, never by name: a module whose class has transformers' settable `loss_function` property, whose
-forward takes `labels`, and whose loss function has ForCausalLMLoss's parameters and gives the same loss as
+forward takes `labels` and calls that property, and whose loss function has ForCausalLMLoss's parameters and gives the same loss as
 CausalLMLoss below on random probes (mean, sum over num_items_in_batch, given shift_labels). The model's
 own `loss_function` is then set to a CausalLMLoss, which `unpatch` takes away again.
 """

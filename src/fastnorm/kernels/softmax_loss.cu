@@ -82,6 +82,20 @@ __device__ __forceinline__ int head_elements(const T* p) {
   return misaligned == 0 ? 0 : static_cast<int>((16u - misaligned) / sizeof(T));
 }
 
+// f(vector, index) for the vectors t, t + threads, ... of body below `vecs`, kUnroll loads in flight.
+template <typename V, typename F>
+__device__ __forceinline__ void for_own_vectors(const V* body, int vecs, int t, int threads, F&& f) {
+  int i = t;
+  for (; i + (kUnroll - 1) * threads < vecs; i += kUnroll * threads) {
+    V v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<false>(body + i + u * threads);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) f(v[u], i + u * threads);
+  }
+  for (; i < vecs; i += threads) f(load_vec<false>(body + i), i);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads) cross_entropy_forward_kernel(CrossEntropyParams p) {
   using A = typename AccOf<T>::type;
@@ -95,24 +109,11 @@ __global__ void __launch_bounds__(kMaxThreads) cross_entropy_forward_kernel(Cros
   MaxSum<A> acc{-INFINITY, A(0)};
   if (t < head) acc = add_values<1>(acc, {A(to_acc(row[t]))});
   if (tail + t < n) acc = add_values<1>(acc, {A(to_acc(row[tail + t]))});
-  const V* body = reinterpret_cast<const V*>(row + head);
-  int i = t;
-  for (; i + (kUnroll - 1) * threads < vecs; i += kUnroll * threads) {
-    V v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<false>(body + i + u * threads);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      A x[VEC];
-      widen(v[u].v, x);
-      acc = add_values(acc, x);
-    }
-  }
-  for (; i < vecs; i += threads) {
+  for_own_vectors(reinterpret_cast<const V*>(row + head), vecs, t, threads, [&](const V& v, int) {
     A x[VEC];
-    widen(load_vec<false>(body + i).v, x);
+    widen(v.v, x);
     acc = add_values(acc, x);
-  }
+  });
   acc = row_merge(acc);
   if (t == 0 && in_range) {
     const A lse = acc.m + log_acc(acc.s);
@@ -162,20 +163,10 @@ __global__ void __launch_bounds__(kMaxThreads) cross_entropy_backward_kernel(Cro
   const int vecs = (n - head) / VEC, tail = head + vecs * VEC;
   if (t < head) out[t] = gradient<T, 1>(Vec<T, 1>{{row[t]}}, t, target, lse, d).v[0];
   if (tail + t < n) out[tail + t] = gradient<T, 1>(Vec<T, 1>{{row[tail + t]}}, tail + t, target, lse, d).v[0];
-  const V* body = reinterpret_cast<const V*>(row + head);
   V* out_body = reinterpret_cast<V*>(out + head);
-  int i = t;
-  for (; i + (kUnroll - 1) * threads < vecs; i += kUnroll * threads) {
-    V v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) v[u] = load_vec<false>(body + i + u * threads);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = i + u * threads;
-      store_vec<false>(out_body + j, gradient<T, VEC>(v[u], head + j * VEC, target, lse, d));
-    }
-  }
-  for (; i < vecs; i += threads) store_vec<false>(out_body + i, gradient<T, VEC>(load_vec<false>(body + i), head + i * VEC, target, lse, d));
+  for_own_vectors(reinterpret_cast<const V*>(row + head), vecs, t, threads, [&](const V& v, int j) {
+    store_vec<false>(out_body + j, gradient<T, VEC>(v, head + j * VEC, target, lse, d));
+  });
 }
 
 // The sum (or mean) of the rows' losses and the count of rows not ignored, by one block in a fixed order
