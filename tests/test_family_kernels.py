@@ -11,7 +11,7 @@ import torch
 from fastnorm.ops import extension
 
 CUDA = torch.cuda.is_available()
-DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # -m cuda selects the CUDA cases
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 # Max error relative to the reference's largest value: one rounding of the output dtype, a little more.
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
