@@ -3,7 +3,8 @@
 `inline_sources(device_type)` is the package's whole extension (every binding, translation unit and
 header). With a KernelSelection it is only what that selection needs: the units of its entry points
 and dtypes (never the backward's), the FASTNORM_WANT_* guards of kernel_set.h resolved in the text,
-the declarations nothing reaches dropped, and comments, blank lines and repeated includes stripped.
+the declarations nothing reaches dropped, and comments, blank lines, repeated includes and alignment
+spaces stripped.
 """
 import re
 
@@ -11,7 +12,7 @@ from fastnorm.kernels import _BINDINGS, DEFINES, KERNELS_DIR, sources
 from fastnorm.kernels.conditionals import resolve
 from fastnorm.kernels.reachable import keep_reachable
 from fastnorm.kernels.selection import KernelSelection
-from fastnorm.kernels.source_text import drop_repeated_includes, strip_comments
+from fastnorm.kernels.source_text import drop_repeated_includes, squeeze_spaces, strip_comments
 
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)".*$', re.M)  # a trailing comment may follow
 _PRAGMA_ONCE = re.compile(r'^\s*#\s*pragma\s+once\s*$', re.M)  # meaningless (and warned about) once inlined
@@ -81,7 +82,7 @@ def _selected_sources(selection: KernelSelection):
     texts = [cpp + "\n" + kernels] if selection.device_type == "cpu" else [cpp, kernels]
     known = selection.symbols()
     texts = keep_reachable([resolve(strip_comments(t), known) for t in texts], selection.functions)
-    texts = [drop_repeated_includes(t) for t in texts]
+    texts = [squeeze_spaces(drop_repeated_includes(t)) for t in texts]
     note = f"// fastnorm {selection.device_type} kernels, only what this solution calls: {selection.describe()}\n"
     texts = [note + t for t in texts]
     return (texts[0], None) if selection.device_type == "cpu" else (texts[0], texts[1])

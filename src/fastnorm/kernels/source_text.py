@@ -1,5 +1,5 @@
-"""C++ / CUDA source text helpers: comments out, blank lines out, repeated includes out, literals masked
-for scanning."""
+"""C++ / CUDA source text helpers: comments out, blank lines out, repeated includes out, alignment spaces
+out, literals masked for scanning."""
 import re
 
 
@@ -11,12 +11,18 @@ def _literal_end(text: str, start: int) -> int:
     return i + 1
 
 
+def _opens_literal(text: str, i: int) -> bool:
+    """A string or character literal opens at text[i] (not a digit separator such as 1'000)."""
+    c = text[i]
+    return c in "\"'" and not (c == "'" and i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_"))
+
+
 def strip_comments(text: str) -> str:
     """`text` without // and /* */ comments (literals left alone), trailing spaces and blank lines."""
     out, i, n = [], 0, len(text)
     while i < n:
         c = text[i]
-        if c in "\"'" and not (c == "'" and i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")):
+        if _opens_literal(text, i):
             end = _literal_end(text, i)
             out.append(text[i:end])
             i = end
@@ -34,13 +40,36 @@ def strip_comments(text: str) -> str:
     return "\n".join(line for line in lines if line) + "\n"
 
 
+def squeeze_spaces(text: str) -> str:
+    """`text` with every run of spaces after a line's first character cut to one (the alignment of macro
+    line continuations and of columns) and its indentation a tab a level (two spaces); literals left
+    alone. Single-file solutions carry their kernels as text, and the lean solver keeps them under 40 KB."""
+    out, i, n, line_start = [], 0, len(text), True
+    while i < n:
+        c = text[i]
+        if _opens_literal(text, i):
+            end = min(_literal_end(text, i), n)
+            out.append(text[i:end])
+            i, line_start = end, False
+        elif c == " ":
+            j = i
+            while j < n and text[j] == " ":
+                j += 1
+            out.append("\t" * ((j - i) // 2) + " " * ((j - i) % 2) if line_start else " ")
+            i = j
+        else:
+            out.append(c)
+            i, line_start = i + 1, c == "\n"
+    return "".join(out)
+
+
 def mask_literals(text: str) -> str:
     """`text` with the inside of every string and character literal replaced by spaces (same length),
     so that braces, semicolons and names in messages do not count as code."""
     out, i, n = [], 0, len(text)
     while i < n:
         c = text[i]
-        if c in "\"'" and not (c == "'" and i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")):
+        if _opens_literal(text, i):
             end = min(_literal_end(text, i), n)
             out.append(c + re.sub(r"[^\n]", " ", text[i + 1:end - 1]) + text[end - 1:end])
             i = end
