@@ -27,7 +27,7 @@ class CausalLMLoss:
     """transformers' ForCausalLMLoss computed by fastnorm.cross_entropy: labels shifted by one position
     (or the given shift_labels), the mean over the tokens not ignored, or the sum divided by
     num_items_in_batch. Under torch.compile with `inductor_under_compile`, the original function: inductor
-    compiles the patched model to the original's graph. Standalone, fastnorm's op is 1.1-1.8x faster than
+    compiles the patched model to the original's graph. Standalone, fastnorm's op is 1.3-1.8x faster than
     inductor's cross-entropy (benchmarks/results/h100-cross-entropy.txt), but inside the compiled Llama of
     the model suite the two measured level within 1% (benchmarks/NOTES.md, session 24)."""
 
