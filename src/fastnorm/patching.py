@@ -694,16 +694,12 @@ def _fuse_decoder_layers(model: nn.Module, under_compile: str, replaced: list, s
 
 def _fuse_losses(model: nn.Module, under_compile: str, replaced: list, skipped: list) -> None:
     """Give each causal language model in `model` (loss_patching) fastnorm.cross_entropy as its loss."""
-    for path, module in model.named_modules():
-        if not loss_patching.has_loss_slot(module):
-            continue
-        why_not = loss_patching.why_not_fusable(module)
-        if why_not is None:
-            original = loss_patching.install(module, under_compile == "inductor")
-            replaced.append(Replaced(path or "(root)", original, _LOSS_REPLACEMENT,
-                                     "the causal-LM loss in one pass over the logits, no float32 copy"))
-        elif why_not != "already fused":
-            skipped.append(Skipped(path or "(root)", _class_name(module), f"loss not fused: {why_not}"))
+    models = _fusable(model, loss_patching.has_loss_slot, loss_patching.why_not_fusable, lambda module: None,
+                      "loss", skipped)  # why_not_fusable probes the loss itself
+    for path, module in models:
+        original = loss_patching.install(module, under_compile == "inductor")
+        replaced.append(Replaced(path, original, _LOSS_REPLACEMENT,
+                                 "the causal-LM loss in one pass over the logits, no float32 copy"))
 
 
 UNDER_COMPILE = ("inductor", "kernels")

@@ -6,9 +6,6 @@ import torch
 from fastnorm.ops import loss_ops  # registers torch.ops.fastnorm.cross_entropy
 from fastnorm.ops.validate import SUPPORTED_DTYPES
 
-REDUCTIONS = ("mean", "sum", "none")  # F.cross_entropy's names
-
-
 def _check(logits, target, reduction):
     if not isinstance(logits, torch.Tensor) or not isinstance(target, torch.Tensor):
         raise TypeError("fastnorm.cross_entropy: logits and target must be tensors")
@@ -29,8 +26,8 @@ def _check(logits, target, reduction):
         raise ValueError(f"fastnorm.cross_entropy: target on {target.device}, logits on {logits.device}")
     if logits.device.type not in ("cpu", "cuda"):
         raise ValueError(f"fastnorm.cross_entropy: logits on {logits.device}: fastnorm runs on CPU and CUDA")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"fastnorm.cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if reduction not in loss_ops.REDUCTIONS:
+        raise ValueError(f"fastnorm.cross_entropy: reduction must be one of {loss_ops.REDUCTIONS}, got {reduction!r}")
 
 
 def cross_entropy(logits, target, ignore_index: int = -100, reduction: str = "mean"):

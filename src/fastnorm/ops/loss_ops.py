@@ -13,6 +13,7 @@ tensor) is ever made. CUDA runs softmax_loss.cu; the CPU runs the same math in A
 import torch
 
 from fastnorm.ops import extension, norm_ops  # norm_ops defines the fastnorm library
+from fastnorm.ops.norm_ops import accumulator_dtype
 from fastnorm.ops.library_compat import register_autograd, register_fake
 
 _lib = norm_ops._lib
@@ -25,10 +26,6 @@ REDUCTIONS = ("none", "sum", "mean")  # the kernels' CrossEntropyReduction codes
 _NONE, _SUM, _MEAN = range(3)
 
 
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _cpu_targets(logits, target, ignore_index):
     """(ignored rows, rows with a target out of range, targets with those replaced by class 0)."""
     ignored = target == ignore_index
@@ -37,7 +34,7 @@ def _cpu_targets(logits, target, ignore_index):
 
 
 def cross_entropy_cpu(logits, target, ignore_index, reduction):
-    x = logits.to(acc_dtype(logits.dtype))
+    x = logits.to(accumulator_dtype(logits.dtype))
     lse = torch.logsumexp(x, dim=1)
     ignored, bad, safe = _cpu_targets(logits, target, ignore_index)
     loss = lse - x.gather(1, safe.unsqueeze(1)).squeeze(1)
@@ -77,10 +74,9 @@ _lib.impl("cross_entropy_backward", cross_entropy_backward_cuda, "CUDA")
 
 @register_fake("fastnorm::cross_entropy")
 def _cross_entropy_fake(logits, target, ignore_index, reduction):
-    acc = acc_dtype(logits.dtype)
-    rows = logits.new_empty((logits.shape[0],), dtype=acc)
-    out = rows if reduction == _NONE else logits.new_empty((), dtype=acc)
-    return (torch.empty_like(rows) if reduction == _NONE else out), rows, logits.new_empty((), dtype=acc)
+    acc, rows = accumulator_dtype(logits.dtype), (logits.shape[0],)
+    out = logits.new_empty(rows if reduction == _NONE else (), dtype=acc)
+    return out, logits.new_empty(rows, dtype=acc), logits.new_empty((), dtype=acc)
 
 
 @register_fake("fastnorm::cross_entropy_backward")
