@@ -49,11 +49,11 @@ def grads(fn, tensors, dy):
     return [t.grad for t in leaves]
 
 
-def assert_close(got, expected, dtype):
+def assert_close(got, expected, dtype, scale=1):
     for name, g, e in zip(("dx", "dweight", "dbias"), got, expected):
         assert g.dtype == dtype and g.shape == e.shape, name
         err = (g.double() - e).abs().max().item() / max(1.0, e.abs().max().item())
-        assert err <= GRAD_TOL[dtype], f"{name}: error {err:.3g} > {GRAD_TOL[dtype]}"
+        assert err <= scale * GRAD_TOL[dtype], f"{name}: error {err:.3g} > {scale * GRAD_TOL[dtype]}"
 
 
 def affine(channels, dtype):
@@ -91,7 +91,10 @@ def test_batch_norm_training_and_eval_against_float64(shape, dtype, kernel_calls
         got = grads(lambda a, p, q: fastnorm.batch_norm(a, None, None, p, q, training=True), (x, w, b), dy)
         expected = grads(lambda a, p, q: F.batch_norm(a, None, None, p, q, training=True),
                          (x.double(), w.double(), b.double()), dy.double())
-        assert_close(got, expected, dtype)
+        # At x + 1000 the float32 batch mean is off by up to half an ulp of 1000 (3e-5), and dweight by
+        # that times rstd * sum(dy): up to 2.9e-4 of its scale here, torch's own CUDA kernel 1.2e-3
+        # (H100, 300 seeds of (16, 2, 33); benchmarks/NOTES.md, session 25).
+        assert_close(got, expected, dtype, 5 if dist == "offset1000" else 1)
         got = grads(lambda a, p, q: fastnorm.batch_norm(a, mean, var, p, q), (x, w, b), dy)
         expected = grads(lambda a, p, q: F.batch_norm(a, mean.double(), var.double(), p, q),
                          (x.double(), w.double(), b.double()), dy.double())

@@ -51,9 +51,10 @@ def affine(y, weight, bias, x):
 
 
 # (shape, groups): short runs of one set (spatial 1), a few long runs, odd sizes, one group of all
-# channels, instance norm (groups = C), a set longer than one piece.
+# channels, instance norm (groups = C), a set longer than one piece, a set of 1024+ pieces (their
+# partials merged by a block, not a warp).
 GROUP_CASES = [((4, 6), 3), ((2, 6, 5, 7), 3), ((3, 8, 3001), 2), ((2, 64, 33, 33), 8), ((1, 4, 70001), 1),
-               ((3, 5, 9), 5), ((2, 3, 4, 5, 6), 3)]
+               ((3, 5, 9), 5), ((2, 3, 4, 5, 6), 3), ((1, 4, 1048577), 1)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -109,7 +110,7 @@ def test_batch_norm(device, dtype, shape):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", [((8, 65535), 1, 2), ((3, 4, 5, 6), 1, 2), ((5, 7), 0, 2), ((2, 3, 4), 0, 3),
-                                    ((3, 9000), 1, 2), ((2, 3, 4), 1, 3), ((300, 5), 1, 2)],
+                                    ((3, 9000), 1, 2), ((2, 3, 4), 1, 3), ((300, 5), 1, 2), ((1025, 4097), 0, 2)],
                          ids=lambda l: f"{'x'.join(map(str, l[0]))}-d{l[1]}{l[2]}")
 def test_p_normalize(device, dtype, layout):
     shape, begin, end = layout
@@ -118,6 +119,8 @@ def test_p_normalize(device, dtype, layout):
     count = math.prod(shape[d] for d in dims)
     for p in (1.0, 2.0):
         for mean in (False, True):
+            if dtype == torch.float16 and p == 1 and not mean and count > 2**20:
+                continue  # |y| ~ 1 / count: subnormal in float16, no relative precision left
             y = ext(device).p_normalize(x, p, begin, end, 0.0, mean)
             xd = x.double()
             s = xd.abs().sum(dims, keepdim=True) if p == 1 else xd.pow(2).sum(dims, keepdim=True)
@@ -158,6 +161,8 @@ def test_results_repeat_bitwise(device):
     first = ext(device).group_norm_forward(x, None, None, 4, 1e-5)
     again = ext(device).group_norm_forward(x, None, None, 4, 1e-5)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+    x = torch.randn(1025, 4097, device=device)  # one set of 1024+ partials, merged by a block
+    assert torch.equal(ext(device).p_normalize(x, 2.0, 0, 2, 0.0, False), ext(device).p_normalize(x, 2.0, 0, 2, 0.0, False))
 
 
 @pytest.mark.parametrize("device", DEVICES)

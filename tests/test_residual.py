@@ -12,8 +12,10 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]  # -m cuda selec
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 4e-2}
 
 
-def rel_err(got, ref):
-    return (got.double() - ref.double()).abs().max().item() / max(ref.double().abs().max().item(), 1e-30)
+def rel_err(got, ref, floor=1e-30):
+    """Max error over ref's largest value, or over floor where ref is all smaller (a gradient that is 0
+    but for float64 rounding: LayerNorm's dweight over one element)."""
+    return (got.double() - ref.double()).abs().max().item() / max(ref.double().abs().max().item(), floor)
 
 
 def reference(x, r, weight, bias, eps, rms, hdtype):
@@ -73,7 +75,7 @@ def test_residual_in_fp32(device, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [(48, 1024), (33, 257), (3, 30000)], ids=["fused", "odd", "unfused"])
+@pytest.mark.parametrize("shape", [(48, 1024), (33, 257), (3, 30000), (64, 1)], ids=["fused", "odd", "unfused", "one"])
 @pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
 @pytest.mark.parametrize("use_h", [True, False], ids=["h-used", "h-unused"])
 def test_gradients_flow_to_both_inputs(device, shape, rms, use_h):
@@ -94,7 +96,7 @@ def test_gradients_flow_to_both_inputs(device, shape, rms, use_h):
     loss_d = (yd * dy.double()).sum() + ((hd * dh.double()).sum() if use_h else 0)
     ref = torch.autograd.grad(loss_d, [t for t in (xd, rd, wd, bd) if t is not None])
     for name, g, rf in zip(("dx", "dr", "dw", "db"), got, ref):
-        assert rel_err(g, rf) <= TOL[torch.float32], name
+        assert rel_err(g, rf, 1e-3) <= TOL[torch.float32], name  # the terms are O(1): dy, dh, x ~ randn
 
 
 @pytest.mark.parametrize("device", DEVICES)

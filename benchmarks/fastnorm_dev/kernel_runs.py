@@ -142,7 +142,8 @@ def _sanitize_family(ext, dtype):
         x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
         w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
         fastnorm.batch_norm(x, None, None, w, w, training=True).backward(torch.randn_like(x))
-    for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3)]:
+    # p-norms: rows, and whole tensors, the last with 1024+ partials (merged by a block).
+    for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3), ((1025, 4097), 0, 2)]:
         x = torch.randn(shape, device="cuda", dtype=dtype)
         ext.p_normalize(x, 1.0, begin, end, 0.0, True)
         ext.p_normalize(x, 2.0, begin, end, 1e-12, False)

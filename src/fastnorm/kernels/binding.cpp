@@ -293,13 +293,17 @@ std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x,
     add = dx_add->to(x.scalar_type()).contiguous();
   }
 
+  // LayerNorm over one element: y is the bias whatever x is, so dx is exactly dx_add (or 0). The CUDA
+  // kernels' x - mean from the saved statistics is a few ulps of x, times rstd = 1/sqrt(eps).
+  const bool dx_constant = need_dx && !rms && c.n == 1;
+
   NormBackwardParams p{};
   describe_call(p, c, xc, outer_stride, eps, rms);
   p.dy = dyc.data_ptr();
   p.dy_outer_stride = c.n * c.inner;
-  p.dx = need_dx ? dx.data_ptr() : nullptr;
+  p.dx = need_dx && !dx_constant ? dx.data_ptr() : nullptr;
 #ifdef FASTNORM_CUDA
-  p.dx_add = add.defined() ? add.data_ptr() : nullptr;
+  p.dx_add = add.defined() && p.dx ? add.data_ptr() : nullptr;
 #endif
   p.dweight = need_dweight ? dw.data_ptr() : nullptr;
   p.dbias = need_dbias ? db.data_ptr() : nullptr;
@@ -322,8 +326,11 @@ std::vector<at::Tensor> norm_backward(const at::Tensor& dy, const at::Tensor& x,
   const char* err = fastnorm_cuda_backward(p, c10::cuda::getCurrentCUDAStream().stream());
 #else
   const char* err = fastnorm_cpu_backward(p);
-  if (err == nullptr && add.defined()) dx.add_(add);  // the CPU kernels leave the sum to ATen
+  if (err == nullptr && add.defined() && p.dx) dx.add_(add);  // the CPU kernels leave the sum to ATen
 #endif
   TORCH_CHECK(err == nullptr, "fastnorm backward kernel failed: ", err);
+  if (dx_constant) {
+    if (add.defined()) dx.copy_(add); else dx.zero_();
+  }
   return {dx, dw, db};
 }

@@ -139,6 +139,24 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes) {
   }
 }
 
+// use(i, load(i)) for i = first, first + step, ... below end, U loads issued before their uses: a thread
+// keeps U accesses in flight even where use stores (the compiler cannot hoist a load above a store
+// that may alias it).
+template <int U, typename I, typename Load, typename Use>
+__device__ __forceinline__ void strided_batches(I first, I step, I end, Load&& load, Use&& use) {
+  I i = first;
+  if constexpr (U > 1) {
+    for (; i + (U - 1) * step < end; i += U * step) {
+      decltype(load(i)) v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = load(i + u * step);
+#pragma unroll
+      for (int u = 0; u < U; ++u) use(i + u * step, v[u]);
+    }
+  }
+  for (; i < end; i += step) use(i, load(i));
+}
+
 // The parameters (weight or bias) of one vector as loaded, converted when used: kept in shared
 // memory by the resident kernel, and in flight in batches by the split kernel (a batch takes a
 // quarter of the registers of converted bf16 values).

@@ -104,9 +104,15 @@ __device__ __forceinline__ A grad_in(A dy, A u, const PlaneTerms<A>& t) {
   return dy * s * fma(z, A(1) - s, A(1));
 }
 
+// Vectors of x and of dy a thread loads before it uses the first (double's SiLU would spill at 4).
+template <typename T>
+constexpr int kWalkBatch = sizeof(T) == 8 ? 2 : 4;
+
 // op(x, dy) over elements [0, len) of a piece, thread `lane` of `lanes`: vectors where x, dy (and dx)
 // sit at the same offset from a 16-byte boundary, after a scalar head; kWrite stores op's result to dx.
-// The first pass's loads stay in L2 for the second; the second's stream.
+// Plain loads and stores: evict-first hints on the dx pass made it 3% slower (H100, BatchNorm
+// 64x64x512x512 fp32: 4.37 against 4.25 ms, torch.compile's 4.16; benchmarks/NOTES.md, session 25).
+
 template <typename T, bool kWrite, typename Op>
 __device__ __forceinline__ void walk(const T* x, const T* dy, T* dx, int64_t len, int lane, int lanes, Op op) {
   using A = typename AccOf<T>::type;
@@ -122,16 +128,20 @@ __device__ __forceinline__ void walk(const T* x, const T* dy, T* dx, int64_t len
   const Vec<T, V>* vx = reinterpret_cast<const Vec<T, V>*>(x + head);
   const Vec<T, V>* vdy = reinterpret_cast<const Vec<T, V>*>(dy + head);
   Vec<T, V>* vdx = reinterpret_cast<Vec<T, V>*>(dx + head);
-#pragma unroll 2
-  for (int64_t i = lane; i < vecs; i += lanes) {
-    const Vec<T, V> a = load_vec<kWrite>(vx + i), b = load_vec<kWrite>(vdy + i);
-    A xa[V], ga[V];
-    widen(a.v, xa);
-    widen(b.v, ga);
+  struct Pair {
+    Vec<T, V> x, dy;
+  };
+  strided_batches<kWalkBatch<T>>(
+      int64_t(lane), int64_t(lanes), vecs,
+      [&](int64_t i) { return Pair{load_vec<false>(vx + i), load_vec<false>(vdy + i)}; },
+      [&](int64_t i, const Pair& v) {
+        A xa[V], ga[V];
+        widen(v.x.v, xa);
+        widen(v.dy.v, ga);
 #pragma unroll
-    for (int e = 0; e < V; ++e) xa[e] = op(xa[e], ga[e]);
-    if (kWrite) store_vec(vdx + i, pack<T>(xa));
-  }
+        for (int e = 0; e < V; ++e) xa[e] = op(xa[e], ga[e]);
+        if (kWrite) store_vec<false>(vdx + i, pack<T>(xa));
+      });
   for (int64_t i = head + vecs * V + lane; i < len; i += lanes) {
     const A r = op(A(to_acc(x[i])), A(to_acc(dy[i])));
     if (kWrite) dx[i] = from_acc<T>(r);
@@ -145,7 +155,9 @@ struct Piece {
   int lane, lanes;
 };
 
-__device__ __forceinline__ bool piece_of(const FamilyBackwardParams& p, const Plan& pl, Piece& q) {
+// reverse: the dx pass takes the pieces last to first, so its first blocks find in L2 what the sums
+// pass read last.
+__device__ __forceinline__ bool piece_of(const FamilyBackwardParams& p, const Plan& pl, Piece& q, bool reverse) {
   if (pl.warp_planes) {
     q.plane = q.index = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
     q.lo = 0;
@@ -154,7 +166,7 @@ __device__ __forceinline__ bool piece_of(const FamilyBackwardParams& p, const Pl
     q.lanes = 32;
     return q.plane < pl.planes;
   }
-  q.index = blockIdx.x;
+  q.index = reverse ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
   q.plane = q.index / pl.per_plane;
   q.lo = (q.index % pl.per_plane) * pl.piece;
   q.len = min(pl.piece, p.spatial - q.lo);
@@ -169,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) plane_sums_kernel(FamilyBackwardPara
   using A = typename AccOf<T>::type;
   __shared__ A smem[2 * 32];
   Piece q;
-  if (!piece_of(p, pl, q)) return;  // a whole warp of short planes: no block barrier below
+  if (!piece_of(p, pl, q, false)) return;  // a whole warp of short planes: no block barrier below
   const PlaneTerms<A> t = plane_terms<A, kAct>(p, q.plane);
   const int64_t first = q.plane * p.spatial + q.lo;
   A s[2] = {A(0), A(0)};
@@ -247,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) plane_dx_kernel(FamilyBackwardParams
                                                             const typename AccOf<T>::type* set_k) {
   using A = typename AccOf<T>::type;
   Piece q;
-  if (!piece_of(p, pl, q)) return;
+  if (!piece_of(p, pl, q, true)) return;
   const PlaneTerms<A> t = plane_terms<A, kAct>(p, q.plane);
   const A kx = kGiven ? A(0) : set_k[2 * t.set], k0 = kGiven ? A(0) : set_k[2 * t.set + 1];
   const int64_t first = q.plane * p.spatial + q.lo;

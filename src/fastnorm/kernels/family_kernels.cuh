@@ -109,6 +109,9 @@ struct ThreadSums {
   }
 };
 
+// Vectors a thread of the statistics pass loads before it uses the first (strided_batches).
+constexpr int kStatsBatch = 8;
+
 // Partial statistics of every piece: block b is piece b % per_set of set b / per_set.
 template <typename T, int kStat>
 __global__ void __launch_bounds__(kThreads) piece_stats_kernel(FamilyParams p, Plan pl,
@@ -128,13 +131,15 @@ __global__ void __launch_bounds__(kThreads) piece_stats_kernel(FamilyParams p, P
     const int64_t head = head_elements(src, len), vecs = (len - head) / V;
     for (int64_t i = threadIdx.x; i < head; i += kThreads) t.add(to_acc(src[i]), shift);
     const Vec<T, V>* vsrc = reinterpret_cast<const Vec<T, V>*>(src + head);
-    for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
-      const Vec<T, V> v = load_vec<false>(vsrc + i);  // kept in L2 for the output pass
-      A a[V];
-      widen(v.v, a);
+    strided_batches<kStatsBatch>(
+        int64_t(threadIdx.x), int64_t(kThreads), vecs,
+        [&](int64_t i) { return load_vec<false>(vsrc + i); },  // kept in L2 for the output pass
+        [&](int64_t, const Vec<T, V>& v) {
+          A a[V];
+          widen(v.v, a);
 #pragma unroll
-      for (int e = 0; e < V; ++e) t.add(a[e], shift);
-    }
+          for (int e = 0; e < V; ++e) t.add(a[e], shift);
+        });
     for (int64_t i = head + vecs * V + threadIdx.x; i < len; i += kThreads) t.add(to_acc(src[i]), shift);
   } else {  // whole short runs [j0, j1): element e of the piece is run j0 + e / run_len
     const int64_t j0 = q * pl.runs_per_piece;
@@ -162,24 +167,41 @@ __device__ __forceinline__ Moments merge_moments(const Moments& a, const Moments
   return {n, a.mean + d * wb, a.m2 + b.m2 + d * d * a.n * wb};
 }
 
-// One warp per set: its partials merged in double (a fixed order: results repeat bit for bit), the
-// set's statistics written for the coefficients (double) and for the caller (accumulator dtype).
-template <typename A, int kStat>
-__global__ void __launch_bounds__(kThreads) merge_stats_kernel(FamilyParams p, Plan pl, Workspace<A> ws) {
-  const int64_t set = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x & 31;
-  if (set >= p.stats) return;
-  const bool mean_var = kStat == FN_STAT_MEAN_VAR;
-  Moments m{0.0, 0.0, 0.0};
-  for (int64_t q = lane; q < pl.per_set; q += 32) {
-    const Partial<A> part = ws.partials[set * pl.per_set + q];
-    const Moments b{double(part.n), double(part.shift) + double(part.mean), double(part.m2)};
-    m = mean_var ? merge_moments(m, b) : Moments{m.n + b.n, 0.0, m.m2 + b.m2};
-  }
+__device__ __forceinline__ Moments warp_merge(Moments m, bool mean_var) {
   for (int off = 16; off > 0; off >>= 1) {
     const Moments b{__shfl_xor_sync(0xffffffffu, m.n, off), __shfl_xor_sync(0xffffffffu, m.mean, off),
                     __shfl_xor_sync(0xffffffffu, m.m2, off)};
     m = mean_var ? merge_moments(m, b) : Moments{m.n + b.n, 0.0, m.m2 + b.m2};
+  }
+  return m;
+}
+
+// Sets with at least this many partials take a block each in merge_stats_kernel, fewer a warp: the
+// Frobenius norm's one set of 29K partials took a warp 80 us (H100), as long as 1% of the whole call.
+constexpr int64_t kBlockMergePartials = 1024;
+
+// A set's partials merged in double (a fixed order: results repeat bit for bit) by a warp, or by a
+// block (kBlockPerSet); the set's statistics written for the coefficients (double) and for the caller
+// (accumulator dtype).
+template <typename A, int kStat, bool kBlockPerSet>
+__global__ void __launch_bounds__(kThreads) merge_stats_kernel(FamilyParams p, Plan pl, Workspace<A> ws) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  const int64_t set = kBlockPerSet ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  if (set >= p.stats) return;  // a whole warp (one set a block: never)
+  const bool mean_var = kStat == FN_STAT_MEAN_VAR;
+  Moments m{0.0, 0.0, 0.0};
+  for (int64_t q = kBlockPerSet ? threadIdx.x : lane; q < pl.per_set; q += kBlockPerSet ? kThreads : 32) {
+    const Partial<A> part = ws.partials[set * pl.per_set + q];
+    const Moments b{double(part.n), double(part.shift) + double(part.mean), double(part.m2)};
+    m = mean_var ? merge_moments(m, b) : Moments{m.n + b.n, 0.0, m.m2 + b.m2};
+  }
+  m = warp_merge(m, mean_var);
+  if (kBlockPerSet) {
+    __shared__ Moments warps[kWarpsPerBlock];
+    if (lane == 0) warps[warp] = m;
+    __syncthreads();
+    if (warp != 0) return;
+    m = warp_merge(lane < kWarpsPerBlock ? warps[lane] : Moments{0.0, 0.0, 0.0}, mean_var);
   }
   if (lane != 0) return;
   if (mean_var) {
@@ -248,15 +270,22 @@ __device__ __forceinline__ T apply_one(T x, A center, A scale, A offset) {
 }
 
 // y = act((x - center) * scale + offset) over rows of at least kLongRow elements: block b is piece
-// b % per_row of row b / per_row.
+// b % per_row of row b / per_row, the blocks taking the pieces last to first (the first find in L2 the
+// end of x, which the statistics pass read last). Plain loads and stores, a thread's kApplyVectors
+// loaded before its first store, at most 40 registers (6 blocks an SM; 4 for double, whose SiLU would
+// spill). H100, KernelBench's fp32 shapes, against evict-first hints and a load at a time: BatchNorm
+// 64x64x512x512 4.304 -> 4.248 ms, GroupNorm 112x64x512x512 7.521 -> 7.404 (torch.compile 4.229, 7.462;
+// benchmarks/NOTES.md, session 25). 8 blocks an SM (32 registers) measured slower.
 constexpr int64_t kLongRow = 2048;
+constexpr int kApplyVectors = 4;
 
 template <typename T, int kAct>
-__global__ void __launch_bounds__(kThreads) apply_rows_kernel(FamilyParams p, const typename AccOf<T>::type* coeffs,
-                                                              int64_t per_row, int64_t piece) {
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 8 ? 4 : 6)
+    apply_rows_kernel(FamilyParams p, const typename AccOf<T>::type* coeffs, int64_t per_row, int64_t piece) {
   using A = typename AccOf<T>::type;
   constexpr int V = 16 / sizeof(T);
-  const int64_t r = blockIdx.x / per_row, lo = (blockIdx.x % per_row) * piece;
+  const int64_t b = int64_t(gridDim.x) - 1 - blockIdx.x;
+  const int64_t r = b / per_row, lo = (b % per_row) * piece;
   const int64_t len = min(piece, p.row_len - lo);
   const A* k = coeffs + 3 * (r % p.coeffs);
   const A center = k[0], scale = k[1], offset = k[2];
@@ -268,14 +297,15 @@ __global__ void __launch_bounds__(kThreads) apply_rows_kernel(FamilyParams p, co
   for (int64_t i = threadIdx.x; i < head; i += kThreads) y[i] = apply_one<kAct>(x[i], center, scale, offset);
   const Vec<T, V>* vx = reinterpret_cast<const Vec<T, V>*>(x + head);
   Vec<T, V>* vy = reinterpret_cast<Vec<T, V>*>(y + head);
-  for (int64_t i = threadIdx.x; i < vecs; i += kThreads) {
-    const Vec<T, V> v = load_vec<true>(vx + i);
-    A a[V];
-    widen(v.v, a);
+  strided_batches<kApplyVectors>(
+      int64_t(threadIdx.x), int64_t(kThreads), vecs, [&](int64_t i) { return load_vec<false>(vx + i); },
+      [&](int64_t i, const Vec<T, V>& v) {
+        A a[V];
+        widen(v.v, a);
 #pragma unroll
-    for (int e = 0; e < V; ++e) a[e] = activate<kAct>(fma(a[e] - center, scale, offset));
-    store_vec(vy + i, pack<T>(a));
-  }
+        for (int e = 0; e < V; ++e) a[e] = activate<kAct>(fma(a[e] - center, scale, offset));
+        store_vec<false>(vy + i, pack<T>(a));
+      });
   for (int64_t i = head + vecs * V + threadIdx.x; i < len; i += kThreads) y[i] = apply_one<kAct>(x[i], center, scale, offset);
 }
 
@@ -295,10 +325,10 @@ __global__ void __launch_bounds__(kThreads) apply_elements_kernel(FamilyParams p
 template <typename T, int kAct>
 static void launch_apply(const FamilyParams& p, const typename AccOf<T>::type* coeffs, cudaStream_t stream) {
   if (p.row_len >= kLongRow) {
-    const int64_t piece = int64_t(kThreads) * (16 / sizeof(T)) * 4;
+    const int64_t piece = int64_t(kThreads) * (16 / sizeof(T)) * kApplyVectors;
     const int64_t per_row = (p.row_len + piece - 1) / piece;
-    apply_rows_kernel<T, kAct><<<unsigned(p.numel / p.row_len * per_row), kThreads, 0, stream>>>(p, coeffs, per_row,
-                                                                                                 piece);
+    const unsigned blocks = unsigned(p.numel / p.row_len * per_row);
+    apply_rows_kernel<T, kAct><<<blocks, kThreads, 0, stream>>>(p, coeffs, per_row, piece);
   } else {
     const int64_t blocks = (p.numel + kThreads * 4 - 1) / (kThreads * 4);
     const int64_t cap = int64_t(device_info().sms) * 32;
@@ -314,8 +344,12 @@ static const char* run_family(const FamilyParams& p, cudaStream_t stream) {
   const Workspace<A> ws = workspace_of<A>(p, pl);
   if (!p.given_stats) {
     piece_stats_kernel<T, kStat><<<unsigned(pl.partials), kThreads, 0, stream>>>(p, pl, ws.partials);
-    merge_stats_kernel<A, kStat><<<unsigned((p.stats + kWarpsPerBlock - 1) / kWarpsPerBlock), kThreads, 0, stream>>>(
-        p, pl, ws);
+    if (pl.per_set >= kBlockMergePartials) {
+      merge_stats_kernel<A, kStat, true><<<unsigned(p.stats), kThreads, 0, stream>>>(p, pl, ws);
+    } else {
+      merge_stats_kernel<A, kStat, false><<<unsigned((p.stats + kWarpsPerBlock - 1) / kWarpsPerBlock), kThreads, 0,
+                                            stream>>>(p, pl, ws);
+    }
   }
   coefficients_kernel<A, kStat><<<unsigned((p.coeffs + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, ws);
   if (p.activation == FN_ACT_SILU) {
