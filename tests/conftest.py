@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def fresh_seed(request):
+def input_seed(request):
     """Seeded random inputs: by default a seed of the test's own id, so every run (CI's included) draws
     the same; FASTNORM_TEST_SEED=random draws fresh ones, an integer takes that seed. Printed so a
     failure can be replayed."""

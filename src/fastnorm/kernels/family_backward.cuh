@@ -112,7 +112,6 @@ constexpr int kWalkBatch = sizeof(T) == 8 ? 2 : 4;
 // sit at the same offset from a 16-byte boundary, after a scalar head; kWrite stores op's result to dx.
 // Plain loads and stores: evict-first hints on the dx pass made it 3% slower (H100, BatchNorm
 // 64x64x512x512 fp32: 4.37 against 4.25 ms, torch.compile's 4.16; benchmarks/NOTES.md, session 25).
-
 template <typename T, bool kWrite, typename Op>
 __device__ __forceinline__ void walk(const T* x, const T* dy, T* dx, int64_t len, int lane, int lanes, Op op) {
   using A = typename AccOf<T>::type;
