@@ -102,6 +102,7 @@ static inline bool streamed_rows(const NormParams& p, int sms) {
 
 // Rows of at most this many vectors (256 bytes) take 2 vectors a thread in the row kernel (plan_rows).
 constexpr int64_t kShortRowVectors = 16;
+constexpr int64_t kRowFillBlocks = 2;
 
 // How a last-dim call is run. g == 1: row kernel, else split kernel with `slots` rows in flight.
 struct RowPlan {
@@ -152,11 +153,22 @@ static inline RowPlan plan_rows(const NormParams& p) {
   // copy; fp16 179484x64 LN 30.8 -> 22.2; 2-byte rows of 128 and fp32 of 64 1-4% faster, fp32 of 128
   // level); a call with fewer rows than SMs is latency-bound: one vector per thread (up to 512
   // threads), so each thread waits for one round of loads, not several.
-  const int64_t per_thread = p.outer < dev.sms ? 1 : nvec <= kShortRowVectors ? 2 : 4;
-  int tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + per_thread - 1) / per_thread);
-  if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
-  const int threads = tpr >= 256 ? tpr : 256;
-  const int64_t rows_per_block = threads / tpr;
+  // A call that would give the SMs fewer than kRowFillBlocks blocks each is latency-bound too: it
+  // takes half the vectors a thread (more threads a row, fewer rows a block) until it gives them that
+  // many or a thread has one (FASTNORM_ROW_FILL=0 keeps 4, for measurements). H100: 3-18% faster on 16
+  // of 18 calls of 200-1071 rows (fp32 246x1024 LN 6.62 -> 5.95 us), 2% slower on bf16 1071x768
+  // (results/h100-row-fill.txt).
+  int64_t per_thread = p.outer < dev.sms ? 1 : nvec <= kShortRowVectors ? 2 : 4;
+  int tpr = 0, threads = 0;
+  int64_t rows_per_block = 0;
+  const bool fill = p.threads <= 0 && env_int("FASTNORM_ROW_FILL", 1) != 0;
+  for (;; per_thread /= 2) {
+    tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + per_thread - 1) / per_thread);
+    if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
+    threads = tpr >= 256 ? tpr : 256;
+    rows_per_block = threads / tpr;
+    if (!fill || per_thread == 1 || (p.outer + rows_per_block - 1) / rows_per_block >= kRowFillBlocks * dev.sms) break;
+  }
   const int64_t cache_bytes = rows_per_block * nvec * int64_t(sizeof(V));
   const int64_t cache_vec = cache_bytes <= kRowCacheBytes ? nvec : 0;
   if (cache_vec) {

@@ -20,6 +20,7 @@ GROUPED_ROWS = 2               # resident_kernel.cuh kGroupedRows
 RESIDENT_THREADS = 1024        # resident_kernel.cuh kResidentThreads
 SPLIT_ROWS = 32                # planner.cuh kSplitRows
 SHORT_ROW_VECTORS = 16         # planner.cuh kShortRowVectors
+ROW_FILL_BLOCKS = 2            # planner.cuh kRowFillBlocks
 CLUSTER_SLICE_BYTES = 64 << 10  # cluster_kernel.cuh kClusterSliceBytes
 MAX_CLUSTER = 8                # cluster_kernel.cuh kMaxCluster
 FEW_ROWS_THREADS = 1024        # few_rows_kernel.cuh kFewRowsThreads
@@ -182,10 +183,16 @@ def launch_key(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevi
     if device_type == "cpu":
         return (family,)  # the CPU kernels ignore both overrides
     if family == "row":
+        if threads > 0:
+            return family, min(threads_hint(threads, 1), MAX_ROW_THREADS)
         nvec = call.n // row_vec(call)
         per_thread = 1 if call.outer < dev.sms else 2 if nvec <= SHORT_ROW_VECTORS else 4
-        auto = _pow2_at_least(_ceil(nvec, per_thread))
-        return family, min(threads_hint(threads, 1) or auto, MAX_ROW_THREADS)
+        while True:  # fewer vectors a thread until the SMs get ROW_FILL_BLOCKS blocks each (or one a thread)
+            tpr = min(_pow2_at_least(_ceil(nvec, per_thread)), MAX_ROW_THREADS)
+            rows_per_block = max(tpr, 256) // tpr
+            if per_thread == 1 or _ceil(call.outer, rows_per_block) >= ROW_FILL_BLOCKS * dev.sms:
+                return family, tpr
+            per_thread //= 2
     if family in ("split", "split_uncached"):
         return family, threads_hint(threads, 32) or MAX_ROW_THREADS, wanted_blocks_per_row(call, dev, blocks_per_row)
     return (family,)
