@@ -6,6 +6,7 @@ import torch
 from fastnorm.ops import loss_ops  # registers torch.ops.fastnorm.cross_entropy
 from fastnorm.ops.validate import SUPPORTED_DTYPES
 
+
 def _check(logits, target, reduction):
     if not isinstance(logits, torch.Tensor) or not isinstance(target, torch.Tensor):
         raise TypeError("fastnorm.cross_entropy: logits and target must be tensors")

@@ -59,7 +59,7 @@ def cross_entropy_backward_cpu(dloss, logits, target, lse, valid, ignore_index, 
 
 def cross_entropy_cuda(logits, target, ignore_index, reduction):
     out, lse, valid = extension.load("cuda").cross_entropy_forward(logits, target, ignore_index, reduction)
-    return out, lse, valid
+    return out, lse, valid  # the binding gives a list; the op's schema returns a tuple
 
 
 def cross_entropy_backward_cuda(dloss, logits, target, lse, valid, ignore_index, reduction):
