@@ -86,7 +86,8 @@ ROW_SHAPES = [(1, 1), (3, 7), (5, 33), (64, 64), (7, 1000), (300, 1024), (17, 40
               (300, 1429), (40, 4973), (3, 8185), (3, 8189), (2, 8191), (1000, 32), (700, 35),  # (to its limits)
               (5000, 1), (3001, 5), (999, 17), (700, 31),  # many tiny rows: the thread-row kernel (float64
               (300001, 7), (200, 16), (200, 24),  # 17-31: the row kernel); more rows than its grid covers
-              (1, 366452), (11, 22150), (50, 40001), (2, 2**22 + 3)]  # scalar split, cached-row, streamed rows
+              (1, 366452), (11, 22150), (50, 40001), (2, 2**22 + 3),  # scalar split, cached-row, streamed rows
+              (1000, 1000), (2000, 512), (4000, 64)]  # more rows than SMs in one wave: the few-rows kernel
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -106,15 +107,17 @@ def test_last_dim(shape, dtype, rms):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1, 5, 17, 31, 32, 100, 256, 1000, 1024, 1429, 4097, 8185])
 @pytest.mark.parametrize("rms", [False, True])
-@pytest.mark.parametrize("kernel", ["chunked", "warp"])
+@pytest.mark.parametrize("kernel", ["chunked", "chunked_fewest_threads", "warp"])
 @pytest.mark.parametrize("rows", [400, 40])
 def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch):
     """Row starts off a 16-byte boundary (x a view one element into its storage, rows n + 3 apart, so x's
     rows and y's start at different offsets): the thread-row kernel below 32 elements, the offset-row kernel
     from 32, chunked (a group of threads a row, 16-byte chunks) or a warp a row (up to 1024; each forced
-    by FASTNORM_OFFSET_ROWS), with many rows (past the few-rows kernel) and fewer than SMs, every parameter
-    case."""
-    monkeypatch.setenv("FASTNORM_OFFSET_ROWS", kernel)
+    by FASTNORM_OFFSET_ROWS; chunked also without its fill rule), with many rows (past the few-rows kernel)
+    and fewer than SMs, every parameter case."""
+    monkeypatch.setenv("FASTNORM_OFFSET_ROWS", kernel.split("_")[0])
+    if kernel == "chunked_fewest_threads":  # small calls get more threads a row (the fill rule): not here
+        monkeypatch.setenv("FASTNORM_OFFSET_ROW_FILL", "0")
     base = make((rows, n + 3), dtype, "randn", seed=n)
     x = base[:, 1:n + 1]
     for w, b in [params((n,), dtype, True, n), (None, None)]:
@@ -149,6 +152,22 @@ def test_shifted_rows(n, dtype, offset, rows):
         check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [33, 1000, 3378, 8189])
+@pytest.mark.parametrize("param_offset", [0, 1, 5])
+def test_offset_rows_parameters(n, param_offset, dtype):
+    """The chunked offset-row kernel copies 16-byte-aligned parameters of x's dtype as vectors and
+    realigns them to y's chunks (x at each offset from its 16 bytes: each residue of rows); parameters
+    off a 16-byte boundary (views param_offset elements in) are gathered element by element."""
+    base = make((40, n + 3), dtype, "randn", seed=n)
+    wb = make((2, n + param_offset), dtype, "rand", seed=n + 1) + 0.5
+    w, b = wb[0, param_offset:], wb[1, param_offset:] - 1
+    for x in (base[:, 1:n + 1], base.flatten()[3:3 + 40 * n].view(40, n), base[:, :n]):
+        check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype, x)
+        check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype, x)
+        check(run_op(x, 1, 2, None, b, 1e-5, False), reference(x, 1, 2, None, b), dtype, x)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("view", ["expand", "every_other_row", "padded", "offset", "padded_offset"])
 def test_tiny_row_views(view, dtype):
@@ -163,6 +182,28 @@ def test_tiny_row_views(view, dtype):
     w, b = params((n,), dtype, True, seed=3)
     check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype)
     check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1_000_003, 1), (70001, 2), (4099, 3), (129, 26), (257, 31), (3000, 16)])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_tiny_contiguous_rows(shape, offset, dtype):
+    """Contiguous rows under 32 elements, x at a 16-byte boundary or not (offset): the thread-row kernel
+    (rows of 16 fp32 at a boundary: the row kernel), the last block partial."""
+    rows, n = shape
+    x = make((rows * n + offset,), dtype, "randn", seed=rows + n)[offset:].view(rows, n)
+    w, b = params((n,), dtype, True, seed=n)
+    check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype)
+    check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype)
+    check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype)
+
+
+def test_tiny_rows_past_the_grid():
+    """More rows of one element than the thread-row kernel's grid covers (132 SMs x 64 blocks x 128 rows):
+    the blocks loop."""
+    x = make((40_000_001, 1), torch.bfloat16, "randn", seed=5)
+    w = params((1,), torch.bfloat16, True, seed=5)[0]
+    check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -31,6 +31,7 @@ namespace fastnorm {
 
 constexpr int kOffsetRowMaxThreads = 512;  // threads a row, at most
 constexpr int kOffsetRowBlock = 256;       // threads a block of narrower groups
+constexpr int64_t kOffsetRowFillBlocks = 2;  // (launch_offset_rows)
 // Chunks (16 bytes, as loaded: widened at each use) a thread holds, at most.
 constexpr int kOffsetRowMaxK = 4;
 // Rows longer than 512 threads of kOffsetRowMaxK chunks, bfloat16 only (one block an SM; H100, against the
@@ -59,17 +60,21 @@ __device__ __forceinline__ uint4 realigned(const uint4& lo, const uint4& hi, int
 // than y's: x a view such as x[:, 1:]), each chunk is read as the two chunks of x that hold its
 // elements, realigned in registers (the neighbour's chunk comes from L1: the warp's loads of chunk
 // c + 1 touch the lines of its loads of c); without it x's rows start where y's do. Shared memory: the
-// weight and bias of each chunk ([2][chunks] ParamVec). Registers: at most 64 (two blocks of 512 or
-// four of 256 an SM; at 68 the fp32 rows of 5818 ran 1.45x slower, one block an SM), but where that
-// spills: K = 4 with float16 x (its conversions) or 2-byte x and float32 weights (a chunk of weights
-// twice as wide), and K = 8 (rows of up to 4096 chunks: 512 threads, one block an SM). The realigned
-// loads fit in the same registers.
+// weight and bias of each chunk ([2][chunks] ParamVec, one more each for the realignment of vectors).
+// Registers: at most 64 (two blocks of 512 or four of 256 an SM; at 68 the fp32 rows of 5818 ran 1.45x
+// slower, one block an SM), but where that spills: K = 4 with float16 x (its conversions), float64 x or
+// 2-byte x and float32 weights (a chunk of weights twice as wide), and K = 8 (rows of up to 4096
+// chunks: 512 threads, one block an SM). The realigned loads fit in the same registers.
 template <typename T, typename W, int K>
 constexpr int kOffsetRowMinBlocks =
-    K >= 8 || (K == 4 && (std::is_same<T, __half>::value || (sizeof(T) == 2 && sizeof(W) == 4))) ? 1 : 2;
+    K >= 8 || (K == 4 && (std::is_same<T, __half>::value || sizeof(T) == 8 || (sizeof(T) == 2 && sizeof(W) == 4))) ? 1 : 2;
+
+struct Pair16 {
+  uint4 w, b;
+};
 
 template <typename T, typename W, int K, bool kShifted>
-__global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, W, K>)) offset_rows_kernel(RowArgs<T, W> a) {
+__global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, W, K>)) offset_rows_kernel(RowArgs<T, W> a, int vec_params) {
   using A = typename AccOf<T>::type;
   constexpr int VEC = 16 / int(sizeof(T));
   using V = Vec<T, VEC>;
@@ -90,25 +95,12 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
   // y's chunk c starts in x's chunk c + lo_c, shift_b bytes in.
   const int lo_c = off < off_y ? -1 : 0;
   const int shift_b = (off - off_y - lo_c * VEC) * int(sizeof(T));
-  PV* wc = reinterpret_cast<PV*>(dyn_smem);
-  PV* bc = wc + chunks;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      const int j = c * VEC + e - off_y;
-      const int in = j >= 0 && j < n ? j : 0;  // elements outside the row: any value, never stored
-      if (a.w) wc[c].v[e] = a.w[in];
-      if (a.b) bc[c].v[e] = a.b[in];
-    }
-  }
-  __syncthreads();
-  const int64_t slot_step = int64_t(gridDim.x / VEC) * groups;
-  for (int64_t slot = int64_t(blockIdx.x / VEC) * groups; residue + VEC * slot < a.rows; slot += slot_step) {
+  // Loads the chunks of the group's row in the slot: zeros past the row's chunks, so sums need no row check.
+  auto load_slot = [&](int64_t slot, V (&raw)[K]) {
     const int64_t row = residue + VEC * (slot + group);
     const bool active = row < a.rows;
-    const T* xr = a.x + (active ? row : 0) * a.x_stride;
-    const V* xc = reinterpret_cast<const V*>(reinterpret_cast<uintptr_t>(xr) & ~uintptr_t(15));
-    V raw[K];
+    const V* xc = reinterpret_cast<const V*>(reinterpret_cast<uintptr_t>(a.x + (active ? row : 0) * a.x_stride) &
+                                             ~uintptr_t(15));
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = t + k * tpr;
@@ -126,9 +118,71 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
         }
       } else {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) raw[k].v[e] = from_acc<T>(A(0));  // sums nothing: no row check below
+        for (int e = 0; e < VEC; ++e) raw[k].v[e] = from_acc<T>(A(0));
       }
     }
+  };
+  // The first slot's loads go out before the parameters come in: a block of one slot (a small call)
+  // waits for one round trip to DRAM, not two.
+  const int64_t first_slot = int64_t(blockIdx.x / VEC) * groups;
+  V raw[K];
+  load_slot(first_slot, raw);
+  constexpr bool kVecParams = sizeof(W) == sizeof(T);
+  PV* wc = reinterpret_cast<PV*>(dyn_smem);  // chunk c's weights in wc[c], its bias in bc[c]
+  PV* bc = wc + chunks + (kVecParams && vec_params ? 1 : 0);
+  if (kVecParams && vec_params) {
+    // Parameters of x's size, 16-byte aligned: their own vectors are copied (one round trip; gathered
+    // element by element, a block of a 3378-element fp32 row waited for 7 in turn), vector v into slot
+    // v + 1 where y's chunks start off_y elements before a vector, then realigned in place, a round of
+    // blockDim chunks at a time: chunk c from slots c and c + 1 into slot c.
+    const int last = (n - 1) / VEC, lead = off_y ? 1 : 0;
+    strided_batches<2>(int(threadIdx.x), int(blockDim.x), chunks, [&](int v) {
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      Pair16 pair{zero, zero};
+      if (v <= last && a.w) pair.w = *reinterpret_cast<const uint4*>(a.w + v * VEC);
+      if (v <= last && a.b) pair.b = *reinterpret_cast<const uint4*>(a.b + v * VEC);
+      return pair;
+    }, [&](int v, const Pair16& pair) {
+      *reinterpret_cast<uint4*>(wc + v + lead) = pair.w;
+      *reinterpret_cast<uint4*>(bc + v + lead) = pair.b;
+    });
+    if (lead) {
+      if (threadIdx.x == 0) {  // vector -1: elements before the row, never stored
+        *reinterpret_cast<uint4*>(wc) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(bc) = make_uint4(0, 0, 0, 0);
+      }
+      const int shift_p = (VEC - off_y) * int(sizeof(T));
+      for (int base = 0; base < chunks; base += blockDim.x) {
+        __syncthreads();
+        const int c = base + int(threadIdx.x);
+        uint4 w, b;
+        if (c < chunks) {
+          w = realigned(*reinterpret_cast<const uint4*>(wc + c), *reinterpret_cast<const uint4*>(wc + c + 1), shift_p);
+          b = realigned(*reinterpret_cast<const uint4*>(bc + c), *reinterpret_cast<const uint4*>(bc + c + 1), shift_p);
+        }
+        __syncthreads();
+        if (c < chunks) {
+          *reinterpret_cast<uint4*>(wc + c) = w;
+          *reinterpret_cast<uint4*>(bc + c) = b;
+        }
+      }
+    }
+  } else {
+    // Element by element (consecutive threads, consecutive elements), already realigned.
+#pragma unroll 4
+    for (int i = threadIdx.x; i < chunks * VEC; i += blockDim.x) {
+      const int j = i - off_y;
+      const int in = j >= 0 && j < n ? j : 0;  // elements outside the row: any value, never stored
+      if (a.w) wc[i / VEC].v[i % VEC] = a.w[in];
+      if (a.b) bc[i / VEC].v[i % VEC] = a.b[in];
+    }
+  }
+  __syncthreads();
+  const int64_t slot_step = int64_t(gridDim.x / VEC) * groups;
+  for (int64_t slot = first_slot; residue + VEC * slot < a.rows; slot += slot_step) {
+    const int64_t row = residue + VEC * (slot + group);
+    const bool active = row < a.rows;
+    const T* xr = a.x + (active ? row : 0) * a.x_stride;
     const A shift = rms || !active ? A(0) : A(to_acc(xr[0]));
     A total[1] = {A(0)};
 #pragma unroll
@@ -199,6 +253,7 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
         }
       }
     }
+    if (residue + VEC * (slot + slot_step) < a.rows) load_slot(slot + slot_step, raw);
   }
 }
 
@@ -431,7 +486,7 @@ static inline const void* offset_rows_kernel_of(int k, bool shifted) {
 // a thread (a narrower group reduces in fewer shuffles, and in no barrier when it fits a warp); K = 8
 // only for rows that 512 threads of 4 chunks do not cover.
 // Blocks: what the SMs hold (FASTNORM_OFFSET_ROW_WAVES times that, for A/B runs), VEC of them for
-// each residue, no more than the rows need.
+// each residue, no more than the rows need; then the fill rule below.
 template <typename T, typename W>
 static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / int(sizeof(T));
@@ -446,12 +501,29 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
     if (tpr == 0 || int64_t(t) * kk < int64_t(tpr) * k) tpr = t, k = kk;
   }
   if (tpr == 0) tpr = kOffsetRowMaxThreads, k = kOffsetRowWideK;
+  // A call that gives the SMs fewer than kOffsetRowFillBlocks blocks each is latency-bound: halve the
+  // chunks a thread (more threads a row, a shorter chain each) while it still does and a row fits 512
+  // threads. FASTNORM_OFFSET_ROW_FILL=0 (read at each call, for A/B runs) keeps the fewest threads.
+  const int64_t rows_per_residue = (p.outer + kVec - 1) / kVec;
+  auto blocks_of = [&](int t) {  // all the rows' blocks: VEC residues, a row a group of t threads
+    const int64_t groups = kOffsetRowBlock / std::min(t, kOffsetRowBlock);
+    return (rows_per_residue + groups - 1) / groups * kVec;
+  };
+  if (env_int("FASTNORM_OFFSET_ROW_FILL", 1) != 0) {
+    while (k > 1 && k <= kOffsetRowMaxK && blocks_of(tpr) < kOffsetRowFillBlocks * device_info().sms) {
+      const int t = pow2_at_least((chunks + k / 2 - 1) / (k / 2));
+      if (t > kOffsetRowMaxThreads) break;
+      tpr = t, k /= 2;
+    }
+  }
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, tpr, p.rms, p.stats};
   const int threads = tpr > kOffsetRowBlock ? tpr : kOffsetRowBlock;
-  const int groups = threads / tpr;
   const bool shifted = offset_rows_shifted(p);
-  const size_t smem = size_t(offset_row_smem(chunks, int(sizeof(W)), int(sizeof(T))));
+  // FASTNORM_OFFSET_ROW_VEC_PARAMS=0 (read at each call, for A/B runs): gather element by element.
+  int vec_params = sizeof(W) == sizeof(T) && aligned16(p.weight) && aligned16(p.bias) &&
+                   env_int("FASTNORM_OFFSET_ROW_VEC_PARAMS", 1) != 0;
+  const size_t smem = size_t(offset_row_smem(chunks + vec_params, int(sizeof(W)), int(sizeof(T))));
   const void* kernel = offset_rows_kernel_of<T, W, 1>(k, shifted);
   static bool smem_allowed[2][16] = {};
   if (!smem_allowed[shifted][k & 15]) allow_smem(kernel), smem_allowed[shifted][k & 15] = true;
@@ -460,9 +532,8 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
   int64_t resident = int64_t(device_info().sms) * blocks_per_sm(kernel, threads, smem) * waves;
   resident = resident / kVec * kVec;
   if (resident < kVec) resident = kVec;
-  const int64_t per_residue = ((p.outer + kVec - 1) / kVec + groups - 1) / groups;
-  const int64_t blocks = per_residue * kVec < resident ? per_residue * kVec : resident;
-  void* args[] = {&a};
+  const int64_t blocks = std::min(blocks_of(tpr), resident);
+  void* args[] = {&a, &vec_params};
   return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks)), dim3(threads), args, smem, stream));
 }
 

@@ -7,7 +7,8 @@
 //   inner == 1, rows:   4-17 MB rows the chip can hold (resident_groups)  resident_row_norm (resident_kernel.cuh)
 //                       4 MB+ rows, fewer than SMs, not resident          stream_* (streamed_kernels.cuh)
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
-//                       fewer rows than SMs, at most 1024 vectors         few_rows (few_rows_kernel.cuh)
+//                       at most 1024 vectors, fewer rows than SMs or      few_rows (few_rows_kernel.cuh)
+//                       (inference) one wave of blocks
 //                       scalar rows (odd n, misaligned) of 32-16377       offset_rows / warp_rows (offset_rows_kernel.cuh)
 //                       (bfloat16 up to 32761)
 //                       scalar rows of 1-31                              thread_rows (same file, same family)
@@ -229,7 +230,7 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
   if (g > 0) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_cluster<T, W, VEC>(p, g, stream);
 #endif
 #ifdef FASTNORM_WANT_FEW_ROWS
-  if (p.outer < dev.sms && p.n / VEC <= kFewRowsThreads && p.threads <= 0) {
+  if (few_rows_take(p, VEC, dev.sms)) {
     return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_few_rows<T, W, VEC>(p, stream);
   }
 #endif

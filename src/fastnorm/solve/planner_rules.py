@@ -24,6 +24,8 @@ ROW_FILL_BLOCKS = 2            # planner.cuh kRowFillBlocks
 CLUSTER_SLICE_BYTES = 64 << 10  # cluster_kernel.cuh kClusterSliceBytes
 MAX_CLUSTER = 8                # cluster_kernel.cuh kMaxCluster
 FEW_ROWS_THREADS = 1024        # few_rows_kernel.cuh kFewRowsThreads
+FEW_ROWS_WAVE_THREADS = 2048   # few_rows_kernel.cuh kFewRowsWaveThreads
+FEW_ROWS_WAVE_VECTORS = 64     # few_rows_kernel.cuh kFewRowsWaveVectors
 OFFSET_ROW_MAX_THREADS = 512   # offset_rows_kernel.cuh kOffsetRowMaxThreads
 OFFSET_ROW_MAX_K = 4           # offset_rows_kernel.cuh kOffsetRowMaxK
 OFFSET_ROW_WIDE_K = 8          # offset_rows_kernel.cuh kOffsetRowWideK (bfloat16 only: kOffsetRowTopK)
@@ -148,6 +150,16 @@ def _slices_cached(call: ExtensionCall, dev: CudaDevice, threads: int, g: int) -
     return per_sm * dev.sms >= g
 
 
+def _few_rows_take(call: ExtensionCall, dev: CudaDevice, vec: int, threads: int) -> bool:
+    """few_rows_kernel.cuh few_rows_take for a forward that saves no training statistics."""
+    if threads > 0 or call.n // vec > FEW_ROWS_THREADS:
+        return False
+    if call.outer < dev.sms:
+        return True
+    return (vec > 1 and call.n // vec >= FEW_ROWS_WAVE_VECTORS
+            and call.outer * max(32, _pow2_at_least(call.n // vec)) <= dev.sms * FEW_ROWS_WAVE_THREADS)
+
+
 def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevice(), threads: int = 0,
                 blocks_per_row: int = 0) -> str:
     """The family (kernels/selection.py FAMILIES) that takes a norm_forward call with these overrides."""
@@ -164,7 +176,7 @@ def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDev
         return "streamed"
     if _cluster_blocks(call, dev, threads, blocks_per_row) > 0:
         return "cluster"
-    if call.outer < dev.sms and call.n // vec <= FEW_ROWS_THREADS and threads <= 0:
+    if _few_rows_take(call, dev, vec, threads):
         return "few_rows"
     f64_gap = elem_size(call.dtype) == 8 and THREAD_ROWS_MAX_F64 < call.n < 32
     if (vec == 1 and offset_rows_cover(call.n, call.dtype, call.param_dtype) and not f64_gap and threads <= 0
