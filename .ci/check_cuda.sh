@@ -22,4 +22,10 @@ for src in src/fastnorm/kernels/*.cu; do
   fi
   rm -f "$log"
 done
+# The timing cover is built on its own (harness/timing_cover.py: nvcc, a plain shared library).
+if ! nvcc -std=c++17 -O2 -arch=sm_90 -x cu -shared -Xcompiler -fPIC -o /dev/null src/fastnorm/kernels/timing_cover.cuh; then
+  echo "CUDA compile failed: src/fastnorm/kernels/timing_cover.cuh"; status=1
+else
+  echo "ok: src/fastnorm/kernels/timing_cover.cuh (shared library)"
+fi
 exit $status

@@ -4,6 +4,12 @@
 
 namespace fastnorm {
 
+// The uncached kernel over scalar 2-byte rows (a fallback: such rows are cached, or split where they
+// do not fit) is one block an SM: at two, ptxas spilled it at 64 registers (4 bytes) on any change to
+// the other kernels of its translation unit.
+template <typename T, int VEC>
+constexpr int kUncachedRowBlocks = VEC == 1 && sizeof(T) == 2 ? 1 : MinBlocksOf<T>::value;
+
 // One row per group of `tpr` threads, blockDim / tpr rows per block; `cache_vec` vectors of shared
 // memory per row (0: no cache, x is read twice). With a.stats (training) each row's affine map is
 // saved for the backward.
@@ -12,12 +18,6 @@ namespace fastnorm {
 // and d * d give the variance and the exact mean (c plus a small correction), however far the
 // mean is from zero. Cheaper than merging (count, mean, M2) triples, whose divisions made up a
 // tenth of the bf16 kernel's instructions, and as accurate.
-// The uncached kernel over scalar 2-byte rows (a fallback: such rows are cached, or split where they
-// do not fit) is one block an SM: at two, ptxas spilled it at 64 registers (4 bytes) on any change to
-// the other kernels of its translation unit.
-template <typename T, int VEC>
-constexpr int kUncachedRowBlocks = VEC == 1 && sizeof(T) == 2 ? 1 : MinBlocksOf<T>::value;
-
 template <typename T, typename W, int VEC, bool kCached, bool kMore = false>
 __global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, W, kMore> : kUncachedRowBlocks<T, VEC>) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec) {
   using A = typename AccOf<T>::type;

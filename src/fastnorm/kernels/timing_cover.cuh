@@ -3,11 +3,10 @@
 // with blocks of 1024 threads enough to hold every thread slot of every SM. The call being timed is
 // issued while it runs; no kernel of any stream can start before it ends, so work a candidate puts on
 // a stream that does not wait for the caller's starts after the start event and shows as a tail.
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/extension.h>
-
+// No torch headers: nvcc builds it into a plain shared library in a few seconds (as a torch extension
+// it took 40-65 s on the H100, paid by the first device-timed call on every fresh machine), and
+// timing_cover.py calls it through ctypes with the tensors' addresses and torch's stream.
+#include <cuda_runtime.h>
 // The blocks leave together: each spins its cycles, then waits at a grid barrier (an arrival count that
 // only grows: launch g waits for g * gridDim arrivals) so that no SM frees its slots early, which let a
 // small kernel of another stream run in the cover's last microseconds. The wait gives up after another
@@ -35,13 +34,19 @@ __global__ void __launch_bounds__(1024) timing_cover_kernel(int4* flush, long lo
   __syncthreads();
 }
 
-void timing_cover(torch::Tensor flush, torch::Tensor arrivals, int64_t blocks, int64_t cycles) {
-  TORCH_CHECK(flush.is_cuda() && flush.is_contiguous() && flush.nbytes() % 16 == 0, "timing_cover: bad flush buffer");
-  TORCH_CHECK(arrivals.is_cuda() && arrivals.scalar_type() == at::kLong && arrivals.numel() == 1,
-              "timing_cover: bad arrival counter");
-  const c10::cuda::CUDAGuard guard(flush.device());
-  timing_cover_kernel<<<unsigned(blocks), 1024, 0, at::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<int4*>(flush.data_ptr()), (long long)(flush.nbytes() / 16), (long long)cycles,
-      reinterpret_cast<unsigned long long*>(arrivals.data_ptr()));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+// Queues the cover on `stream` of device `device` (the thread's current device is restored after); the
+// CUDA error code (0: none). fastnorm_timing_cover_error names one.
+extern "C" int fastnorm_timing_cover(int device, void* flush, long long flush_vectors, void* arrivals, long long blocks,
+                                     long long cycles, void* stream) {
+  int current = 0;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
+  if (err != cudaSuccess) return int(err);
+  timing_cover_kernel<<<unsigned(blocks), 1024, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<int4*>(flush), flush_vectors, cycles, static_cast<unsigned long long*>(arrivals));
+  err = cudaGetLastError();
+  if (current != device) cudaSetDevice(current);
+  return int(err);
 }
+
+extern "C" const char* fastnorm_timing_cover_error(int code) { return cudaGetErrorString(cudaError_t(code)); }
