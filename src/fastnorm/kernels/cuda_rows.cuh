@@ -9,6 +9,9 @@ namespace fastnorm {
 constexpr int kMaxRowThreads = 512;  // block size of the row and split kernels, at most
 constexpr int64_t kRowCacheBytes = 96 << 10;  // row kernel: shared memory for a block's rows, at most
 constexpr int64_t kSliceBytes = 64 << 10;     // split kernel: target slice per block
+// A call giving the SMs fewer blocks each than this is latency-bound: the row and offset-row kernels then
+// give a row more threads (planner.cuh plan_rows, offset_rows_kernel.cuh launch_offset_rows).
+constexpr int64_t kRowFillBlocks = 2;
 
 template <typename T, typename W>
 struct RowArgs {

@@ -31,7 +31,6 @@ namespace fastnorm {
 
 constexpr int kOffsetRowMaxThreads = 512;  // threads a row, at most
 constexpr int kOffsetRowBlock = 256;       // threads a block of narrower groups
-constexpr int64_t kOffsetRowFillBlocks = 2;  // (launch_offset_rows)
 // Chunks (16 bytes, as loaded: widened at each use) a thread holds, at most.
 constexpr int kOffsetRowMaxK = 4;
 // Rows longer than 512 threads of kOffsetRowMaxK chunks, bfloat16 only (one block an SM; H100, against the
@@ -501,7 +500,7 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
     if (tpr == 0 || int64_t(t) * kk < int64_t(tpr) * k) tpr = t, k = kk;
   }
   if (tpr == 0) tpr = kOffsetRowMaxThreads, k = kOffsetRowWideK;
-  // A call that gives the SMs fewer than kOffsetRowFillBlocks blocks each is latency-bound: halve the
+  // A call that gives the SMs fewer than kRowFillBlocks blocks each is latency-bound: halve the
   // chunks a thread (more threads a row, a shorter chain each) while it still does and a row fits 512
   // threads. FASTNORM_OFFSET_ROW_FILL=0 (read at each call, for A/B runs) keeps the fewest threads.
   const int64_t rows_per_residue = (p.outer + kVec - 1) / kVec;
@@ -510,7 +509,7 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
     return (rows_per_residue + groups - 1) / groups * kVec;
   };
   if (env_int("FASTNORM_OFFSET_ROW_FILL", 1) != 0) {
-    while (k > 1 && k <= kOffsetRowMaxK && blocks_of(tpr) < kOffsetRowFillBlocks * device_info().sms) {
+    while (k > 1 && k <= kOffsetRowMaxK && blocks_of(tpr) < kRowFillBlocks * device_info().sms) {
       const int t = pow2_at_least((chunks + k / 2 - 1) / (k / 2));
       if (t > kOffsetRowMaxThreads) break;
       tpr = t, k /= 2;

@@ -103,7 +103,6 @@ static inline bool streamed_rows(const NormParams& p, int sms) {
 
 // Rows of at most this many vectors (256 bytes) take 2 vectors a thread in the row kernel (plan_rows).
 constexpr int64_t kShortRowVectors = 16;
-constexpr int64_t kRowFillBlocks = 2;
 
 // How a last-dim call is run. g == 1: row kernel, else split kernel with `slots` rows in flight.
 struct RowPlan {
