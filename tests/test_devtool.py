@@ -15,8 +15,8 @@ import torch
 import fastnorm
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-COMMANDS = {"time", "breakdown", "host", "latency", "resident", "sweep", "split", "configs", "ab", "sanitize",
-            "repro", "profile"}
+COMMANDS = {"time", "breakdown", "host", "latency", "resident", "sweep", "split", "configs", "ab", "abrows",
+            "sanitize", "repro", "profile"}
 
 
 @pytest.fixture
@@ -46,6 +46,11 @@ def test_bad_arguments_are_usage_errors_before_any_gpu_work(devtool, capsys):
         devtool.main(["ab", "FASTNORM_X=1"])
     with pytest.raises(SystemExit, match="not a shape"):
         devtool.main(["ab", "-", "--", "16x"])
+    with pytest.raises(SystemExit, match="give the rows after --"):
+        devtool.main(["abrows", "FASTNORM_X=1"])
+    for row in ("LN fp32 36x", "LN fp64 36x3378", "GN fp32 36x3378", "LN fp32 36x3378 skew3"):
+        with pytest.raises(SystemExit, match="cannot read the row"):
+            devtool.main(["abrows", "-", "--", row])
 
 
 def test_shared_shape_and_byte_helpers(devtool):

@@ -1,6 +1,7 @@
 """A/B runs of the planner's choices: threads-per-row overrides (sweep), (threads, blocks_per_row) of the
 split-row kernel (split), every override checked for correctness (configs), and same-process A/B of
-switches read from environment variables at each call (ab).
+switches read from environment variables at each call (ab: % of copy on plain shapes; abrows: us against
+torch.compile on the sweep's rows, misaligned and padded ones included).
 
 The overrides go through the extension's own entry, `norm_forward(x, weight, bias, begin, end, eps, rms,
 threads, blocks_per_row)` (0: the planner's choice).
@@ -148,6 +149,66 @@ def run_ab(args):
     _apply({}, names)
 
 
+def _sweep_row(label):
+    """A BenchCase from a sweep label over the last dim: "LN fp32 36x3378 off3", "RMS bf16 1000000x1"."""
+    from fastnorm.bench.cases import DTYPES, OP_SHORT, BenchCase
+
+    ops = {short: op for op, short in OP_SHORT.items()}
+    words = label.split()
+    try:
+        shape = tuple(int(s) for s in words[2].split("x"))
+        layout = {w[:3]: int(w[3:]) for w in words[3:]}
+        if words[0] not in ops or words[1] not in DTYPES or set(layout) - {"off", "pad"}:
+            raise ValueError
+    except (IndexError, ValueError):
+        raise SystemExit(f"devtool.py abrows: cannot read the row {label!r} (e.g. \"LN fp32 36x3378 off3\")")
+    return BenchCase("ab", ops[words[0]], words[1], shape, (len(shape) - 1,), True, offset=layout.get("off", 0),
+                     pad=layout.get("pad", 0))
+
+
+def run_ab_rows(args):
+    import statistics
+
+    from fastnorm.bench.cases import eager_fn, fastnorm_fn, make_inputs
+    from fastnorm.harness.timing import time_callable
+
+    if not args.rest:
+        raise SystemExit("devtool.py abrows: give the rows after --: abrows VARIANT [VARIANT ...] -- ROW [ROW ...]")
+    rows = [_sweep_row(label) for label in args.rest]
+    envs = [_parse_variant(v) for v in args.variants]
+    names = {name for env in envs for name in env}
+    reps = int(os.environ.get("AB_REPS", "30"))
+    dev = torch.device("cuda")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: us, median of {AB_ROUNDS} rounds of {reps} "
+          f"calls; variants: {' | '.join(args.variants)} | compile", flush=True)
+    for case in rows:
+        x, w, b = make_inputs(case, dev)
+        ours, ref = fastnorm_fn(case), eager_fn(case)
+        exact = ref(x.double(), None if w is None else w.double(), None if b is None else b.double())
+        scale = exact.abs().max().item()
+        torch._dynamo.reset()  # each row its own compiled function: no recompile limit
+        compiled = torch.compile(ref, dynamic=False)
+        compiled(x, w, b)
+        errs = []
+        for env in envs:
+            _apply(env, names)
+            errs.append((ours(x, w, b).double() - exact).abs().max().item() / scale)
+        times = [[] for _ in range(len(envs) + 1)]
+        for _ in range(AB_ROUNDS):
+            for i, env in enumerate(envs):
+                _apply(env, names)
+                times[i].append(time_callable(lambda: ours(x, w, b), device=dev, trials=reps,
+                                              include_host=False).median_ms * 1000)
+            times[-1].append(time_callable(lambda: compiled(x, w, b), device=dev, trials=reps,
+                                           include_host=False).median_ms * 1000)
+        med = [statistics.median(t) for t in times]
+        ratios = "  ".join(f"{med[-1] / m:.2f}x" for m in med[:-1])
+        print(f"{case.label:34} {'  '.join(f'{m:7.2f}' for m in med)}   vs compile {ratios}   err {max(errs):.1e}",
+              flush=True)
+        del x, w, b, exact
+    _apply({}, names)
+
+
 def _sweep_args(p):
     p.add_argument("shapes", nargs="*", type=parse_shape, metavar="MxN",
                    help="rows to sweep (default: 16384x4096 4096x16384 65536x1024, where Triton leads in bf16)")
@@ -163,6 +224,16 @@ def _ab_args(p):
                         "AB_REPS (default 30) sets the timed calls a round; 3 rounds alternate the variants")
 
 
+def _ab_rows_args(p):
+    p.usage = "devtool.py abrows [-h] VARIANT [VARIANT ...] -- ROW [ROW ...]"
+    p.set_defaults(takes_rest=True)  # the rows, after --
+    p.add_argument("variants", nargs="+", metavar="VARIANT",
+                   help="NAME=VALUE[,NAME=VALUE...] set for that variant, or - for none (the defaults); then --, "
+                        "then the rows as the sweep labels them: \"LN fp32 36x3378 off3\", \"RMS bf16 1000000x1\" "
+                        "(last dim; offN / padN). AB_REPS (default 30) sets the timed calls a round; 3 rounds "
+                        "alternate the variants, torch.compile beside")
+
+
 COMMANDS = (
     Command("sweep", "device time (% of copy) of the last-dim kernels under each threads-per-row override "
             "(0 = the planner's choice), against torch.compile", "devtool.py sweep 16384x4096 --quick", run_sweep,
@@ -175,4 +246,7 @@ COMMANDS = (
     Command("ab", "same-process A/B of switches read from environment variables at each call: float64 error "
             "and % of copy of each variant over alternating rounds",
             "devtool.py ab FASTNORM_X=0 FASTNORM_X=1 -- 1024x65536 256x262144", run_ab, _ab_args),
+    Command("abrows", "same-process A/B of environment switches on the sweep's rows (misaligned and padded ones "
+            "too): us of each variant against torch.compile, float64 error",
+            "devtool.py abrows - FASTNORM_OFFSET_ROW_FILL=0 -- \"RMS bf16 436x792 off1\"", run_ab_rows, _ab_rows_args),
 )
