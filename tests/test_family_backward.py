@@ -116,6 +116,27 @@ def test_instance_norm_and_float32_parameters_with_half_input(dtype, kernel_call
     assert got[1].dtype == torch.float32 and kernel_calls["kernel"] == 1
 
 
+# Sets and channels of many (plane, piece) sums, which the finalize kernel splits over groups of 64-256
+# threads: BatchNorm over 300 samples (300 planes a channel), GroupNorm of 32 channels a group with planes of
+# 2 pieces (fp32 pieces of 2048), 96 channels of 3 pieces each over 2 samples.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape,groups", [((300, 3, 40), None), ((2, 96, 4100), 3), ((130, 4, 1100), 4)], ids=str)
+def test_many_sums_a_set_or_channel(shape, groups, dtype, kernel_calls):
+    x = make_x(shape, "offset1000", dtype)
+    w, b = affine(shape[1], dtype)
+    dy = torch.randn(shape, device="cuda").to(dtype)
+    if groups is None:
+        fn, ref = (lambda a, p, q: fastnorm.batch_norm(a, None, None, p, q, training=True),
+                   lambda a, p, q: F.batch_norm(a, None, None, p, q, training=True))
+    else:
+        fn, ref = (lambda a, p, q: fastnorm.group_norm(a, groups, p, q), lambda a, p, q: F.group_norm(a, groups, p, q))
+    runs = [grads(fn, (x, w, b), dy) for _ in range(2)]
+    expected = grads(ref, (x.double(), w.double(), b.double()), dy.double())
+    assert_close(runs[0], expected, dtype, 5 if groups is None else 1)
+    assert all(torch.equal(g, h) for g, h in zip(*runs))
+    assert kernel_calls == {"kernel": 2, "torch": 0}
+
+
 def test_non_contiguous_input_and_gradient(kernel_calls):
     base = torch.randn(8, 40, 40, 6, device="cuda")
     x = base.permute(0, 3, 1, 2)  # (8, 6, 40, 40), channels last in memory

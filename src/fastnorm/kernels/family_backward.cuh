@@ -6,8 +6,8 @@
 //   dweight[c] = sum over c's planes of rstd * sum(g u),  dbias[c] = sum of sum(g).
 // So every plane needs two sums, sum(g) and sum(g u), and the set sums are weighted sums of those:
 // 1. plane_sums_kernel: the two sums of each piece of a plane (reads x and dy);
-// 2. finalize_kernel: per set the two dx coefficients (a warp a set), per channel dweight and dbias (a
-//    thread a channel), each over its planes in a fixed order: the results repeat bit for bit;
+// 2. finalize_kernel: per set the two dx coefficients, per channel dweight and dbias, each summed over its
+//    planes' pieces by a group of threads in a fixed order: the results repeat bit for bit;
 // 3. plane_dx_kernel: dx = rstd * w * g + kx * u + k0 (reads x and dy again, writes dx).
 // Five passes over the tensor's size where torch's eager backward takes eight or more. GroupNorm's sets
 // small enough for L2 take set_backward_kernel instead: 1 and 2 in one block a set, 3 from L2.
@@ -28,12 +28,12 @@ struct Plan {
   bool warp_planes = false;
 };
 
-// Vectors of x (and of dy) a thread takes in a piece: 2, or 8 on planes of 64K elements and more, where
-// a block's setup and reduction would otherwise come every 16 KB. FASTNORM_FAMILY_BWD_PIECE_VECS
+// Vectors of x (and of dy) a thread takes in a piece: 2, or 4 on planes of 16K elements and more, where
+// a block's setup and reduction would otherwise come every 8 KB (fp32). FASTNORM_FAMILY_BWD_PIECE_VECS
 // overrides, for measurements.
 static inline int64_t piece_vectors(int64_t spatial) {
   const int64_t v = env_int("FASTNORM_FAMILY_BWD_PIECE_VECS", 0);
-  return v > 0 ? v : spatial >= 65536 ? 8 : 2;
+  return v > 0 ? v : spatial >= 16384 ? 4 : 2;
 }
 
 template <typename T>
@@ -198,59 +198,78 @@ __global__ void __launch_bounds__(kThreads) plane_sums_kernel(FamilyBackwardPara
   }
 }
 
-// A plane's two sums over its pieces, in order.
-template <typename A>
-__device__ __forceinline__ void plane_total(const A* sums, const Plan& pl, int64_t plane, double& g, double& gu) {
-  const A* s = sums + 2 * plane * pl.per_plane;
-  for (int64_t k = 0; k < pl.per_plane; ++k) {
-    g += double(s[2 * k]);
-    gu += double(s[2 * k + 1]);
-  }
+// Threads that sum one set's (or one channel's) items in finalize_kernel: a power of two, 32 to kThreads.
+static inline int finalize_threads(int64_t items) {
+  int t = 32;
+  while (t < kThreads && t < items) t *= 2;
+  return t;
 }
 
-// Blocks [0, set_blocks): a warp a set, its (kx, k0). The rest: a thread a channel, dweight and dbias.
+// The piece sums of a set's or a channel's planes, item i (plane i / per_plane, piece i % per_plane) to
+// thread i % threads of its group, then one tree over the group: a fixed order, the results repeat bit for
+// bit. Blocks [0, set_blocks): the sets' (kx, k0); the rest: the channels' dweight and dbias. A warp a set
+// and a thread a channel took 170 us on BatchNorm 64x64x512x512 and 368 us on GroupNorm 112x64x512x512
+// (thousands of loads in a row a thread; H100); this takes 15 and 32 us.
 template <typename A>
 __global__ void __launch_bounds__(kThreads) finalize_kernel(FamilyBackwardParams p, Plan pl, Scratch<A> ws,
-                                                            int64_t set_blocks) {
-  if (int64_t(blockIdx.x) < set_blocks) {
-    const int64_t set = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-    const int lane = threadIdx.x & 31;
-    if (set >= pl.sets) return;
-    const bool groups = p.mode == FN_BWD_GROUPS;
-    const int64_t per_group = p.channels / p.groups, count = groups ? per_group : p.n;
-    double wg = 0.0, wgu = 0.0;
-    for (int64_t j = lane; j < count; j += 32) {
-      const int64_t plane = groups ? (set / p.groups) * p.channels + (set % p.groups) * per_group + j
-                                   : j * p.channels + set;
+                                                            int64_t set_blocks, int set_threads,
+                                                            int channel_threads) {
+  __shared__ double red[2 * 32];
+  const bool set_part = int64_t(blockIdx.x) < set_blocks;
+  const int threads = set_part ? set_threads : channel_threads, t = threadIdx.x % threads;
+  const int64_t id = (set_part ? int64_t(blockIdx.x) : int64_t(blockIdx.x) - set_blocks) * (kThreads / threads) +
+                     threadIdx.x / threads;
+  const bool groups = p.mode == FN_BWD_GROUPS;
+  const int64_t per_group = p.channels / p.groups, count = groups ? per_group : p.n;
+  double s[2] = {0.0, 0.0};
+  if (set_part) {  // w-weighted sums of g and g u over the set
+    const int64_t items = id < pl.sets ? count * pl.per_plane : 0;
+    for (int64_t i = t; i < items; i += threads) {
+      const int64_t j = i / pl.per_plane;
+      const int64_t plane =
+          groups ? (id / p.groups) * p.channels + (id % p.groups) * per_group + j : j * p.channels + id;
       const double w = p.weight ? param_at(p.weight, p.wdtype, plane % p.channels) : 1.0;
-      double g = 0.0, gu = 0.0;
-      plane_total(ws.sums, pl, plane, g, gu);
-      wg += w * g;
-      wgu += w * gu;
+      const A* q = ws.sums + 2 * (plane * pl.per_plane + i % pl.per_plane);
+      s[0] = fma(w, double(q[0]), s[0]);
+      s[1] = fma(w, double(q[1]), s[1]);
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      wg += __shfl_xor_sync(0xffffffffu, wg, off);
-      wgu += __shfl_xor_sync(0xffffffffu, wgu, off);
+  } else {  // dbias = sum of g, dweight = sum of rstd g u over the channel's planes
+    const int64_t items = id < p.channels ? p.n * pl.per_plane : 0;
+    for (int64_t i = t; i < items; i += threads) {
+      const int64_t plane = (i / pl.per_plane) * p.channels + id;
+      const A* q = ws.sums + 2 * (plane * pl.per_plane + i % pl.per_plane);
+      s[0] += double(q[0]);
+      s[1] = fma(double(rstd_of<A>(p, set_of(p, plane))), double(q[1]), s[1]);
     }
-    if (lane == 0) {
-      const double rstd = double(rstd_of<A>(p, set)), m = double(count) * double(p.spatial);
-      ws.set_k[2 * set] = A(-rstd * rstd * rstd * wgu / m);
-      ws.set_k[2 * set + 1] = A(-rstd * wg / m);
-    }
+  }
+  group_sums<2>(s, threads, red);
+  if (t != 0) return;
+  if (set_part) {
+    if (id >= pl.sets) return;
+    const double rstd = double(rstd_of<A>(p, id)), m = double(count) * double(p.spatial);
+    ws.set_k[2 * id] = A(-rstd * rstd * rstd * s[1] / m);
+    ws.set_k[2 * id + 1] = A(-rstd * s[0] / m);
     return;
   }
-  const int64_t c = (int64_t(blockIdx.x) - set_blocks) * kThreads + threadIdx.x;
-  if (c >= p.channels) return;
-  double dw = 0.0, db = 0.0;
-  for (int64_t n = 0; n < p.n; ++n) {
-    const int64_t plane = n * p.channels + c;
-    double g = 0.0, gu = 0.0;
-    plane_total(ws.sums, pl, plane, g, gu);
-    dw += double(rstd_of<A>(p, set_of(p, plane))) * gu;
-    db += g;
-  }
-  if (p.dweight) static_cast<A*>(p.dweight)[c] = A(dw);
-  if (p.dbias) static_cast<A*>(p.dbias)[c] = A(db);
+  if (id >= p.channels) return;
+  if (p.dweight) static_cast<A*>(p.dweight)[id] = A(s[1]);
+  if (p.dbias) static_cast<A*>(p.dbias)[id] = A(s[0]);
+}
+
+// finalize_kernel's launch: a group of threads for each set (when dx needs its coefficients) and for each
+// channel (when dweight or dbias is asked for).
+template <typename A>
+static void launch_finalize(const FamilyBackwardParams& p, const Plan& pl, const Scratch<A>& ws, bool set_terms,
+                            bool channel_terms, cudaStream_t stream) {
+  const int64_t count = p.mode == FN_BWD_GROUPS ? p.channels / p.groups : p.n;
+  const int set_threads = finalize_threads(count * pl.per_plane);
+  const int channel_threads = finalize_threads(p.n * pl.per_plane);
+  const int64_t per_block_sets = kThreads / set_threads, per_block_channels = kThreads / channel_threads;
+  const int64_t set_blocks = set_terms ? (pl.sets + per_block_sets - 1) / per_block_sets : 0;
+  const int64_t channel_blocks = channel_terms ? (p.channels + per_block_channels - 1) / per_block_channels : 0;
+  if (set_blocks + channel_blocks == 0) return;
+  finalize_kernel<A><<<unsigned(set_blocks + channel_blocks), kThreads, 0, stream>>>(
+      p, pl, ws, set_blocks, set_threads, channel_threads);
 }
 
 template <typename T, int kAct, bool kGiven>
@@ -404,7 +423,7 @@ static const char* run_backward(const FamilyBackwardParams& p, cudaStream_t stre
     if (plane_sums) {  // GroupNorm's dweight / dbias from its plane sums, one piece a plane
       Plan one = pl;
       one.per_plane = 1;
-      finalize_kernel<A><<<unsigned((p.channels + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p, one, ws, 0);
+      launch_finalize<A>(p, one, ws, false, true, stream);
     }
     return launch_result(cudaGetLastError());
   }
@@ -416,9 +435,7 @@ static const char* run_backward(const FamilyBackwardParams& p, cudaStream_t stre
     } else {
       plane_sums_kernel<T, FN_ACT_NONE><<<blocks, kThreads, 0, stream>>>(p, pl, ws.sums);
     }
-    const int64_t set_blocks = set_terms ? (pl.sets + kWarpsPerBlock - 1) / kWarpsPerBlock : 0;
-    const int64_t channel_blocks = channel_terms ? (p.channels + kThreads - 1) / kThreads : 0;
-    finalize_kernel<A><<<unsigned(set_blocks + channel_blocks), kThreads, 0, stream>>>(p, pl, ws, set_blocks);
+    launch_finalize<A>(p, pl, ws, set_terms, channel_terms, stream);
   }
   if (p.dx != nullptr) {
     if (silu) {

@@ -25,10 +25,18 @@ def _check_values(count: int, x, what: str, op: str) -> None:
 
 def _update_running(running, stat, momentum: float, correction: float = 1.0) -> None:
     """running <- momentum * stat * correction + (1 - momentum) * running, in place, as torch does (the
-    correction n / (n - 1) makes a biased variance unbiased)."""
-    if running is not None:
-        with torch.no_grad():
-            running.copy_(momentum * (stat * correction) + (1 - momentum) * running.to(stat.dtype))
+    correction n / (n - 1) makes a biased variance unbiased): in float32 (float64 for double buffers), one
+    lerp kernel (two with the correction). The five-kernel expression, twice, cost about 25 us at the end of
+    every BatchNorm call on an H100, where torch fuses the update into its statistics kernel."""
+    if running is None:
+        return
+    with torch.no_grad():
+        if correction != 1.0:
+            stat = stat * correction
+        if running.dtype in (torch.float32, torch.float64):
+            running.lerp_(stat.to(running.dtype), momentum)
+        else:
+            running.copy_(torch.lerp(running.float(), stat.float(), momentum))
 
 
 def _by_given_stats(x, weight, bias, mean, var, eps, op: str, when: str):

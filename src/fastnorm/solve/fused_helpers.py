@@ -29,11 +29,13 @@ def _dim_range(x, dim, what):
 
 
 def _blend_into(running, batch, momentum):
-    """running = (1 - momentum) * running + momentum * batch, in place (torch's running-statistics update),
-    computed in float32 (float64 for double statistics) like torch's own."""
-    wide = torch.float64 if running.dtype == torch.float64 else torch.float32
+    """running = (1 - momentum) * running + momentum * batch in place, as torch updates running statistics:
+    in float32 (float64 for double buffers), one lerp kernel."""
     with torch.no_grad():
-        running.copy_(momentum * batch.to(wide) + (1 - momentum) * running.to(wide))
+        if running.dtype in (torch.float32, torch.float64):
+            running.lerp_(batch.to(running.dtype), momentum)
+        else:
+            running.copy_(torch.lerp(running.float(), batch.float(), momentum))
 
 
 def _values_per_channel(x):
@@ -109,9 +111,8 @@ def fused_batch_norm(x, running_mean, running_var, weight=None, bias=None, train
 
 
 def fused_batch_norm_module(x, module):
-    """module(x) for an nn.BatchNorm1d / 2d / 3d on the inline kernel, as its forward: in training
-    num_batches_tracked counts the call and the running statistics move by `momentum` (None: by the
-    cumulative average); in eval mode the running statistics normalize (the batch's when not tracked)."""
+    """module(x) for an nn.BatchNorm1d / 2d / 3d, as its forward: training counts num_batches_tracked and
+    moves the running statistics by `momentum` (None: cumulative average); eval normalizes by them."""
     factor = 0.0 if module.momentum is None else module.momentum
     if module.training and module.track_running_stats and module.num_batches_tracked is not None:
         module.num_batches_tracked.add_(1)
