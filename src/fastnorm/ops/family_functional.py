@@ -26,8 +26,8 @@ def _check_values(count: int, x, what: str, op: str) -> None:
 def _update_running(running, stat, momentum: float, correction: float = 1.0) -> None:
     """running <- momentum * stat * correction + (1 - momentum) * running, in place, as torch does (the
     correction n / (n - 1) makes a biased variance unbiased): in float32 (float64 for double buffers), one
-    lerp kernel (two with the correction). The five-kernel expression, twice, cost about 25 us at the end of
-    every BatchNorm call on an H100, where torch fuses the update into its statistics kernel."""
+    lerp kernel (two with the correction). The five-kernel expression, twice, cost 16 us a BatchNorm2d call
+    on an H100 (64x64x512x512 fp32: 4.274 -> 4.258 ms); torch fuses the update into its statistics kernel."""
     if running is None:
         return
     with torch.no_grad():
