@@ -141,6 +141,44 @@ def test_p_normalize_eps_clamps_and_zero_rows(device):
     assert torch.isnan(plain[0]).all()  # 0 / 0, as x / torch.norm(x) gives
 
 
+# L1 / L2 rows that fit L2 (p_norm_row_kernel: a block a row, rows for 3/4 of the SMs or more, 16 KB to 1 MB a
+# row): odd lengths (rows at every 4-byte offset), a storage offset (x and y at different 16-byte offsets:
+# scalar), every dtype, p_mean.
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(132, 65535), (300, 8195), (200, 16384)], ids=lambda s: "x".join(map(str, s)))
+def test_p_normalize_rows_read_once(dtype, shape):
+    rows, n = shape
+    base = make((rows * n + 3,), dtype, "cuda")
+    for x in (base[: rows * n].view(shape), base[3:].view(shape)):
+        for p in (1.0, 2.0):
+            for mean in (False, True):
+                if dtype == torch.float16 and p == 1 and not mean and n > 2**12:
+                    continue  # |y| ~ 1 / n: subnormal in float16
+                y = ext("cuda").p_normalize(x, p, 1, 2, 0.0, mean)
+                xd = x.double()
+                s = xd.abs().sum(1, keepdim=True) if p == 1 else xd.pow(2).sum(1, keepdim=True)
+                s = s / n if mean else s
+                ref = xd / (s if p == 1 else s.sqrt())
+                assert rel_err(y, ref) <= TOL[dtype], (p, mean, x.storage_offset())
+
+
+# torch's x / max(norm, eps): a NaN in a row makes the whole row NaN (clamp_min keeps NaN), a zero row with
+# eps > 0 gives zeros; on the row kernel (300 rows of 8195) and on the multi-kernel path (4 rows).
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [4, 300])
+def test_p_normalize_nan_and_zero_rows(device, rows):
+    x = torch.randn(rows, 8195, device=device)
+    x[0, 7] = float("nan")
+    x[1] = 0
+    for p in (1.0, 2.0):
+        y = ext(device).p_normalize(x, p, 1, 2, 1e-12, False)
+        assert torch.isnan(y[0]).all() and (y[1] == 0).all() and torch.isfinite(y[2:]).all()
+        ref = torch.nn.functional.normalize(x[2:].double(), p, 1, 1e-12)
+        assert rel_err(y[2:], ref) <= TOL[torch.float32]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_misaligned_and_non_contiguous_inputs(device):
     base = torch.randn(2 * 6 * 301 + 1, device=device)

@@ -18,7 +18,36 @@ const char* run_family_dtype(const FamilyParams& p, cudaStream_t stream) {
   return run_family_stat<T>(p, stream);
 }
 
+template <typename T>
+const char* p_norm_rows_dtype(const FamilyParams& p, cudaStream_t stream, bool* ran) {
+  *ran = fastnorm::family::sets::p_norm_rows_take<T>(p);
+  return *ran ? fastnorm::family::sets::run_p_norm_rows<T>(p, stream) : nullptr;
+}
+
 }  // namespace
+
+// L1 / L2 rows that fit L2 in one kernel (p_norm_row_kernel); *ran false: the call is fastnorm_cuda_family's.
+// An entry of its own, so that only p_normalize's single-file solutions carry the kernel.
+const char* fastnorm_cuda_p_norm_rows(const FamilyParams& p, void* stream, bool* ran) {
+  *ran = false;
+  if (p.numel == 0 || !p.x || !p.y || !p.mean || p.stat == FN_STAT_MEAN_VAR || p.runs != 1) return nullptr;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (p.dtype) {
+#ifdef FASTNORM_WANT_F32
+    case FN_F32: return p_norm_rows_dtype<float>(p, s, ran);
+#endif
+#ifdef FASTNORM_WANT_F64
+    case FN_F64: return p_norm_rows_dtype<double>(p, s, ran);
+#endif
+#ifdef FASTNORM_WANT_F16
+    case FN_F16: return p_norm_rows_dtype<__half>(p, s, ran);
+#endif
+#ifdef FASTNORM_WANT_BF16
+    case FN_BF16: return p_norm_rows_dtype<__nv_bfloat16>(p, s, ran);
+#endif
+    default: return nullptr;
+  }
+}
 
 int64_t fastnorm_cuda_family_workspace_bytes(const FamilyParams& p) {
   if (p.numel == 0) return 0;

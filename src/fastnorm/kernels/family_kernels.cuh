@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) coefficients_kernel(FamilyParams p, 
   if (kStat != FN_STAT_MEAN_VAR) {
     const double norm = ws.set_mean[set];
     out[0] = A(0);
-    out[1] = A(1.0 / (norm > p.eps ? norm : p.eps));  // NaN norms give NaN
+    out[1] = A(1.0 / (norm < p.eps ? p.eps : norm));  // NaN norms give NaN
     out[2] = A(0);
     return;
   }
