@@ -6,7 +6,8 @@
 // small kernel for dweight / dbias, BatchNorm writes them itself). The multi-kernel paths read x once
 // more from DRAM and launch 3-4 kernels more. Taken while a wave of sets fits in L2: one block of 1024
 // threads an SM, a set of at most set_max_bytes (x, and dy in the backward), sets for 3/4 of the SMs or
-// more, runs of whole 16-byte vectors.
+// more, runs of whole 16-byte vectors. L1 / L2 rows of 16 KB to 1 MB take a block a row the same way
+// (p_norm_row_kernel, at any alignment).
 //
 // A block's work is cut into units, one run's segment each, a warp a unit at a time (warp w takes units
 // w, w + 32, ...): a unit's elements share their channel (weight, bias), and its sums need shuffles
