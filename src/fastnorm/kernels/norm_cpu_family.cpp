@@ -283,11 +283,44 @@ void set_statistics(const FamilyParams& p, const RunOps<T>& ops, std::vector<dou
   });
 }
 
+// L1 / L2 rows of at most this many bytes take cached_p_norm_rows: a core's L2 holds one.
+constexpr int64_t kCachedRowBytes = 1 << 20;
+
+// L1 / L2 normalization of whole rows (one run a set) that fit a core's cache: a task takes a row's sum,
+// then writes the row while it is still cached, so x is read from memory once (the statistics pass and the
+// output pass read it twice). The same pieces, folded in the same order as set_statistics: the same bits.
+template <class T>
+bool cached_p_norm_rows(const FamilyParams& p, const RunOps<T>& ops) {
+  using A = fastnorm_cpu::compute_t<T>;
+  if (p.stat == FN_STAT_MEAN_VAR || p.given_stats || p.runs != 1 || p.run_len != p.row_len || p.coeffs != p.stats ||
+      p.row_len * int64_t(sizeof(T)) > kCachedRowBytes || p.row_len < kShortRun) {
+    return false;
+  }
+  const T* x = static_cast<const T*>(p.x);
+  T* y = static_cast<T*>(p.y);
+  const Pieces pieces(p);
+  at::parallel_for(0, p.stats, std::max<int64_t>(1, kParallelMinWork / p.row_len), [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      Partial total;
+      for (int64_t q = 0; q < pieces.per_set; ++q) total.add(pieces.compute(p, x, k, q, ops), false);
+      const double s = p.p_mean ? total.sum / double(total.count) : total.sum;
+      const double norm = p.stat == FN_STAT_SQUARE_SUM ? std::sqrt(s) : s;
+      static_cast<A*>(p.mean)[k] = static_cast<A>(norm);
+      const Coeff coeff{0.0, 1.0 / std::max(norm, p.eps), 0.0};
+      for (int64_t lo = 0; lo < p.row_len; lo += kChunk) {
+        ops.apply(x + k * p.row_len + lo, y + k * p.row_len + lo, std::min(kChunk, p.row_len - lo), coeff);
+      }
+    }
+  });
+  return true;
+}
+
 template <class T>
 const char* family_forward(const FamilyParams& p) {
   using A = fastnorm_cpu::compute_t<T>;
   const RunOps<T> ops = run_ops<T>(p.stat, p.activation);
   const bool mean_var = p.stat == FN_STAT_MEAN_VAR;
+  if (cached_p_norm_rows(p, ops)) return nullptr;
   std::vector<double> ref(p.stats), off(p.stats, 0.0), var(p.stats, 0.0);
   if (p.given_stats) {
     for (int64_t k = 0; k < p.stats; ++k) {
