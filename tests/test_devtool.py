@@ -16,7 +16,7 @@ import fastnorm
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 COMMANDS = {"time", "breakdown", "host", "latency", "resident", "sweep", "split", "configs", "ab", "abrows",
-            "sanitize", "repro", "profile"}
+            "abfamily", "sanitize", "repro", "profile"}
 
 
 @pytest.fixture
@@ -51,6 +51,10 @@ def test_bad_arguments_are_usage_errors_before_any_gpu_work(devtool, capsys):
     for row in ("LN fp32 36x", "LN fp64 36x3378", "GN fp32 36x3378", "LN fp32 36x3378 skew3"):
         with pytest.raises(SystemExit, match="cannot read the row"):
             devtool.main(["abrows", "-", "--", row])
+    with pytest.raises(SystemExit, match="give the problems after --"):
+        devtool.main(["abfamily", "--train", "-"])
+    with pytest.raises(SystemExit, match="no problems/frobenius_norm_3x5x9x11.py with a solutions/"):
+        devtool.main(["abfamily", "-", "--", "frobenius_norm_3x5x9x11"])  # a test problem, no solution
 
 
 def test_shared_shape_and_byte_helpers(devtool):

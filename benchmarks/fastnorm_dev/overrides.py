@@ -1,7 +1,8 @@
 """A/B runs of the planner's choices: threads-per-row overrides (sweep), (threads, blocks_per_row) of the
 split-row kernel (split), every override checked for correctness (configs), and same-process A/B of
 switches read from environment variables at each call (ab: % of copy on plain shapes; abrows: us against
-torch.compile on the sweep's rows, misaligned and padded ones included).
+torch.compile on the sweep's rows, misaligned and padded ones included; abfamily: ms of the family problems'
+ModelNew against torch.compile of their Model, with every kernel of a call from torch.profiler).
 
 The overrides go through the extension's own entry, `norm_forward(x, weight, bias, begin, end, eps, rms,
 threads, blocks_per_row)` (0: the planner's choice).
@@ -9,6 +10,7 @@ threads, blocks_per_row)` (0: the planner's choice).
 import argparse
 import math
 import os
+from pathlib import Path
 
 import torch
 
@@ -209,6 +211,86 @@ def run_ab_rows(args):
     _apply({}, names)
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _family_pair(name):
+    """problems/NAME.py and solutions/NAME.py (the family suite's pairs), or a usage error."""
+    problem, solution = REPO / "problems" / f"{name}.py", REPO / "solutions" / f"{name}.py"
+    if not (problem.is_file() and solution.is_file()):
+        raise SystemExit(f"devtool.py abfamily: no problems/{name}.py with a solutions/{name}.py")
+    return problem, solution
+
+
+def _kernel_list(fn, calls=3):
+    """'kinds, launches, sum' and the kernels of one call of fn, longest first (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.key, e.device_time_total / calls, e.count // calls) for e in prof.key_averages()
+                      if e.device_time_total > 0), key=lambda k: -k[1])
+    return (f"{len(kernels)} kinds, {sum(n for _, _, n in kernels)} launches, "
+            f"{sum(t for _, t, _ in kernels) / 1000:.4f} ms: " +
+            "; ".join(f"{name[:40]} x{n} {t:.1f}us" for name, t, n in kernels[:12]))
+
+
+def run_ab_family(args):
+    import statistics
+
+    from fastnorm.bench.family_suite import _import, _train_call
+    from fastnorm.harness.timing import time_callable
+    from fastnorm.solve.problem import load_problem
+
+    if not args.rest:
+        raise SystemExit("devtool.py abfamily: give the problems after --: abfamily VARIANT [VARIANT ...] -- "
+                         "PROBLEM ...")
+    pairs = [_family_pair(name) for name in args.rest]
+    envs = [_parse_variant(v) for v in args.variants]
+    names = {name for env in envs for name in env}
+    reps = int(os.environ.get("AB_REPS", "10"))
+    dev = torch.device("cuda")
+    what = "forward + backward" if args.train else "forward"
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: ms ({what}), median of {AB_ROUNDS} rounds of "
+          f"{reps} calls; variants: {' | '.join(args.variants)} | compile", flush=True)
+    for problem, solution in pairs:
+        reference = load_problem(problem)
+        torch.manual_seed(0)
+        inputs = reference.inputs(dev)
+        model = reference.build_model(dev)
+        model_new = _import(solution, "ab").ModelNew(*reference.init_inputs()).to(dev)
+        model_new.load_state_dict(model.state_dict())
+        compiled = torch.compile(model)
+        if args.train:
+            for t in inputs:
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    t.requires_grad_(True)
+            dy = torch.randn_like(model(*inputs))
+            ours, theirs = _train_call(model_new, inputs, dy), _train_call(compiled, inputs, dy)
+        else:
+            ours, theirs = (lambda: model_new(*inputs)), (lambda: compiled(*inputs))
+        with torch.enable_grad() if args.train else torch.no_grad():
+            theirs()
+            times = [[] for _ in range(len(envs) + 1)]
+            for _ in range(AB_ROUNDS):
+                for i, env in enumerate(envs):
+                    _apply(env, names)
+                    times[i].append(time_callable(ours, device=dev, trials=reps, include_host=False).median_ms)
+                times[-1].append(time_callable(theirs, device=dev, trials=reps, include_host=False).median_ms)
+            med = [statistics.median(t) for t in times]
+            print(f"{problem.stem}: " + "  ".join(f"{m:.4f}" for m in med) + "   vs compile " +
+                  "  ".join(f"{med[-1] / m:.4f}x" for m in med[:-1]), flush=True)
+            _apply(envs[0], names)
+            print(f"   kernels ({args.variants[0]}): {_kernel_list(ours)}", flush=True)
+            print(f"   kernels (compile): {_kernel_list(theirs)}", flush=True)
+        _apply({}, names)
+        inputs = model = model_new = compiled = ours = theirs = dy = None  # noqa: F841 (the next problem is huge)
+        torch.cuda.empty_cache()
+
+
 def _sweep_args(p):
     p.add_argument("shapes", nargs="*", type=parse_shape, metavar="MxN",
                    help="rows to sweep (default: 16384x4096 4096x16384 65536x1024, where Triton leads in bf16)")
@@ -234,6 +316,17 @@ def _ab_rows_args(p):
                         "alternate the variants, torch.compile beside")
 
 
+def _ab_family_args(p):
+    p.usage = "devtool.py abfamily [-h] [--train] VARIANT [VARIANT ...] -- PROBLEM [PROBLEM ...]"
+    p.set_defaults(takes_rest=True)  # the problems, after --
+    p.add_argument("--train", action="store_true", help="forward + backward (gradients of x and the parameters)")
+    p.add_argument("variants", nargs="+", metavar="VARIANT",
+                   help="NAME=VALUE[,NAME=VALUE...] set for that variant, or - for none (the defaults); then --, "
+                        "then problem names with a solutions/ file (batch_norm_64x64x512x512). AB_REPS (default 10) "
+                        "sets the timed calls a round; 3 rounds alternate the variants, torch.compile beside; then "
+                        "the first variant's kernels and compile's")
+
+
 COMMANDS = (
     Command("sweep", "device time (% of copy) of the last-dim kernels under each threads-per-row override "
             "(0 = the planner's choice), against torch.compile", "devtool.py sweep 16384x4096 --quick", run_sweep,
@@ -246,6 +339,9 @@ COMMANDS = (
     Command("ab", "same-process A/B of switches read from environment variables at each call: float64 error "
             "and % of copy of each variant over alternating rounds",
             "devtool.py ab FASTNORM_X=0 FASTNORM_X=1 -- 1024x65536 256x262144", run_ab, _ab_args),
+    Command("abfamily", "same-process A/B of environment switches on the family problems (problems/ with a "
+            "solutions/ ModelNew): ms against torch.compile of the reference, and every kernel of a call",
+            "devtool.py abfamily - FASTNORM_FAMILY_SET_KB=0 -- l2_norm_32768x65535", run_ab_family, _ab_family_args),
     Command("abrows", "same-process A/B of environment switches on the sweep's rows (misaligned and padded ones "
             "too): us of each variant against torch.compile, float64 error",
             "devtool.py abrows - FASTNORM_OFFSET_ROW_FILL=0 -- \"RMS bf16 436x792 off1\"", run_ab_rows, _ab_rows_args),
