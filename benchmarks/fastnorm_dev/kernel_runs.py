@@ -142,8 +142,10 @@ def _sanitize_family(ext, dtype):
         x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
         w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
         fastnorm.batch_norm(x, None, None, w, w, training=True).backward(torch.randn_like(x))
-    # p-norms: rows, and whole tensors, the last with 1024+ partials (merged by a block).
-    for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3), ((1025, 4097), 0, 2)]:
+    # p-norms: rows, and whole tensors, the last with 1024+ partials (merged by a block); rows for 3/4 of
+    # the SMs and more (a block a row, p_norm_row_kernel: 200 rows of 4099, every row at its own offset).
+    for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3), ((1025, 4097), 0, 2),
+                              ((200, 4099), 1, 2)]:
         x = torch.randn(shape, device="cuda", dtype=dtype)
         ext.p_normalize(x, 1.0, begin, end, 0.0, True)
         ext.p_normalize(x, 2.0, begin, end, 1e-12, False)
