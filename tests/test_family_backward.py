@@ -117,8 +117,8 @@ def test_instance_norm_and_float32_parameters_with_half_input(dtype, kernel_call
 
 
 # Sets and channels of many (plane, piece) sums, which the finalize kernel splits over groups of 64-256
-# threads: BatchNorm over 300 samples (300 planes a channel), GroupNorm of 32 channels a group with planes of
-# 2 pieces (fp32 pieces of 2048), 96 channels of 3 pieces each over 2 samples.
+# threads: BatchNorm over 300 samples (300 planes a channel); GroupNorm of 32 channels a group, planes of 4100
+# in 3 pieces (fp32) or 2 (bf16); 130 samples of 4 one-channel groups (a channel's dweight over 130 planes).
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape,groups", [((300, 3, 40), None), ((2, 96, 4100), 3), ((130, 4, 1100), 4)], ids=str)
 def test_many_sums_a_set_or_channel(shape, groups, dtype, kernel_calls):
