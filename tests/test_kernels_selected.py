@@ -51,6 +51,14 @@ def test_comments_go_and_literals_stay():
 SOURCE = """#include <vector>
 #define HELPER_SCALE 2
 #define UNUSED_MACRO 3
+#define FASTNORM_SCALE 4
+#define FASTNORM_UNUSED "not read"
+#if !defined(SOME_ARCH)
+#define FASTNORM_HAS_FEATURE 1
+#endif
+#ifdef FASTNORM_HAS_FEATURE
+__device__ int feature() { return FASTNORM_SCALE; }
+#endif
 namespace outer {
 struct Used { int v; };
 struct Unused { int v; };
@@ -69,7 +77,7 @@ __device__ int arch_only() { return 1; }
 #ifdef OTHER_FEATURE
 __device__ int other() { return 2; }
 #endif
-int entry(outer::Used u) { return outer::helper(u) + arch_only(); }
+int entry(outer::Used u) { return outer::helper(u) + arch_only() + feature(); }
 INSTANCE_MACRO(kernel, float)
 """
 
@@ -79,9 +87,14 @@ def test_declarations_no_entry_point_reaches_are_dropped():
     for name in ("struct Used", "helper(", "entry(", "#include <vector>", "INSTANCE_MACRO(kernel, float)",
                  "kernel(T* p)", "kWidth", "HELPER_SCALE 2", "kA = 1, kB = 2", "#ifdef ARCH_FEATURE", "arch_only"):
         assert name in kept, name
-    assert "UNUSED_MACRO 3" in kept  # a later header may read a macro: every #define stays
-    for name in ("Unused", "dead", "namespace gone", "never", "OTHER_FEATURE", "other()"):
+    assert "UNUSED_MACRO 3" in kept  # a later header may read a macro: every #define stays, but our own
+    # FASTNORM_* macros, kept where a kept declaration or an open conditional reads them
+    for name in ("FASTNORM_SCALE 4", "#define FASTNORM_HAS_FEATURE 1", "#ifdef FASTNORM_HAS_FEATURE", "feature()"):
+        assert name in kept, name
+    for name in ("Unused", "dead", "namespace gone", "never", "OTHER_FEATURE", "other()", "FASTNORM_UNUSED"):
         assert name not in kept, name
+    dropped = keep_reachable([SOURCE.replace("+ feature()", "")], ["entry"])[0]
+    assert "FASTNORM_HAS_FEATURE" not in dropped and "FASTNORM_SCALE" not in dropped and "SOME_ARCH" not in dropped
     assert kept.count("namespace outer {") == 1 and kept.rstrip().endswith("INSTANCE_MACRO(kernel, float)")
 
 

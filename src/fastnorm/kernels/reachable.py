@@ -4,8 +4,9 @@ The sources are cut into top-level declarations (inside namespaces too): functio
 variables, `using` lines. Each declares some names and mentions others. Starting from the entry points
 and from what is always kept (preprocessor directives, macro invocations such as
 FASTNORM_FORWARD_INSTANCE(...), operators, static_asserts), a declaration is kept when a kept one
-mentions a name it declares. Every #define stays: the headers included after it may read it
-(CPU_CAPABILITY_AVX2 selects at::vec's AVX2 vectors), which no scan of these sources can see. Names are matched as plain identifiers across
+mentions a name it declares. Every #define stays (the headers included after it may read it:
+CPU_CAPABILITY_AVX2 selects at::vec's AVX2 vectors, which no scan of these sources can see) but our own
+FASTNORM_* macros, which only these sources read: they are kept like declarations. Names are matched as plain identifiers across
 all translation units, so the rule can only keep too much (a member that shares a name with a free
 function), never too little for code that compiled before: what a kept declaration uses is kept.
 A namespace left without declarations goes too, and so does a conditional the build leaves open
@@ -250,8 +251,17 @@ def _conditional(text: str, mask: str, begin: int, stop: int):
     return Conditional(directives, branches, mentions)
 
 
+_OWN_DEFINE = re.compile(r"#\s*define\s+(FASTNORM_\w+)")
+
+
 def _directive(text: str, mask: str) -> Declaration:
-    return Declaration(text, set(), set(_IDENT.findall(mask)), always=True)
+    """Directives stay, but our own macros (FASTNORM_*): only these sources read them, so each is kept like a
+    declaration, when a kept one mentions it (FASTNORM_RESIDUAL_NOT_FUSED goes where no residual call is)."""
+    mentions = set(_IDENT.findall(mask))
+    own = _OWN_DEFINE.match(mask)
+    if own:
+        return Declaration(text, {own.group(1)}, mentions - {own.group(1), "define"})
+    return Declaration(text, set(), mentions, always=True)
 
 
 def _declaration(text: str, mask: str) -> Declaration:
