@@ -297,34 +297,31 @@ def _sweep_args(p):
     p.add_argument("--quick", action="store_true", help="the planner's choice (threads=0) only, no torch.compile")
 
 
-def _ab_args(p):
-    p.usage = "devtool.py ab [-h] VARIANT [VARIANT ...] -- SHAPE [SHAPE ...]"
-    p.set_defaults(takes_rest=True)  # the shapes, after --
+def _variants_then(p, command, rest, rest_help, flags=""):
+    """The A/B commands' arguments: VARIANT ... (environment settings), then --, then what they run on (args.rest)."""
+    p.usage = f"devtool.py {command} [-h] {flags}VARIANT [VARIANT ...] -- {rest} [{rest} ...]"
+    p.set_defaults(takes_rest=True)
     p.add_argument("variants", nargs="+", metavar="VARIANT",
-                   help="NAME=VALUE[,NAME=VALUE...] set for that variant, or - for none (the default build); "
-                        "then --, then the shapes: MxN (over the last dim) or AxCxHxW (over dim 1, the channels). "
-                        "AB_REPS (default 30) sets the timed calls a round; 3 rounds alternate the variants")
+                   help="NAME=VALUE[,NAME=VALUE...] set for that variant, or - for none (the defaults); then --, "
+                        "then " + rest_help)
+
+
+def _ab_args(p):
+    _variants_then(p, "ab", "SHAPE", "the shapes: MxN (over the last dim) or AxCxHxW (over dim 1, the channels). "
+                   "AB_REPS (default 30) sets the timed calls a round; 3 rounds alternate the variants")
 
 
 def _ab_rows_args(p):
-    p.usage = "devtool.py abrows [-h] VARIANT [VARIANT ...] -- ROW [ROW ...]"
-    p.set_defaults(takes_rest=True)  # the rows, after --
-    p.add_argument("variants", nargs="+", metavar="VARIANT",
-                   help="NAME=VALUE[,NAME=VALUE...] set for that variant, or - for none (the defaults); then --, "
-                        "then the rows as the sweep labels them: \"LN fp32 36x3378 off3\", \"RMS bf16 1000000x1\" "
-                        "(last dim; offN / padN). AB_REPS (default 30) sets the timed calls a round; 3 rounds "
-                        "alternate the variants, torch.compile beside")
+    _variants_then(p, "abrows", "ROW", "the rows as the sweep labels them: \"LN fp32 36x3378 off3\", \"RMS bf16 "
+                   "1000000x1\" (last dim; offN / padN). AB_REPS (default 30) sets the timed calls a round; 3 rounds "
+                   "alternate the variants, torch.compile beside")
 
 
 def _ab_family_args(p):
-    p.usage = "devtool.py abfamily [-h] [--train] VARIANT [VARIANT ...] -- PROBLEM [PROBLEM ...]"
-    p.set_defaults(takes_rest=True)  # the problems, after --
     p.add_argument("--train", action="store_true", help="forward + backward (gradients of x and the parameters)")
-    p.add_argument("variants", nargs="+", metavar="VARIANT",
-                   help="NAME=VALUE[,NAME=VALUE...] set for that variant, or - for none (the defaults); then --, "
-                        "then problem names with a solutions/ file (batch_norm_64x64x512x512). AB_REPS (default 10) "
-                        "sets the timed calls a round; 3 rounds alternate the variants, torch.compile beside; then "
-                        "the first variant's kernels and compile's")
+    _variants_then(p, "abfamily", "PROBLEM", "problem names with a solutions/ file (batch_norm_64x64x512x512). "
+                   "AB_REPS (default 10) sets the timed calls a round; 3 rounds alternate the variants, "
+                   "torch.compile beside; then the first variant's kernels and compile's", flags="[--train] ")
 
 
 COMMANDS = (
