@@ -294,12 +294,6 @@ struct SplitWorkspace {
   void* partials;          // [2][slots][g] Stats, double-buffered by wave parity
 };
 
-__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
-  unsigned int v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // The split kernels' per-row barrier: thread 0 writes the block's partial, arrives at the slot's
 // counter and waits until it reaches `target` (g arrivals a wave); then the whole block goes on.
 template <typename A>

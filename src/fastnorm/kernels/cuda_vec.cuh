@@ -88,6 +88,17 @@ __device__ __forceinline__ void store_vec(V* p, const V& v) {
   }
 }
 
+// A counter or flag another block writes (the split kernels' barriers, the chained sets' flags): the
+// acquire load sees everything its writer stored before the release.
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(unsigned int* p, unsigned int v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // Asynchronous global -> shared copies: a thread issues all of its copies before waiting, so its
 // whole share of a row is in flight without holding registers. 16-byte copies bypass L1.
 template <int kBytes, bool kEvictFirst = true>

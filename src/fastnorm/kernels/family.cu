@@ -3,9 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "family_kernels.cuh"
-#include "family_set_kernels.cuh"
 #include "kernel_set.h"
+#include "family_chain_kernel.cuh"
 
 namespace {
 
@@ -24,7 +23,45 @@ const char* p_norm_rows_dtype(const FamilyParams& p, cudaStream_t stream, bool* 
   return *ran ? fastnorm::family::sets::run_p_norm_rows<T>(p, stream) : nullptr;
 }
 
+#ifdef FASTNORM_WANT_GROUP_CHAIN
+template <typename T>
+const char* group_chain_dtype(const FamilyParams& p, cudaStream_t stream, int64_t* bytes) {
+  using namespace fastnorm::family::chain;
+  const ChainPlan cp = chain_plan<T>(p);
+  *bytes = cp.sets > 0 ? chain_workspace_bytes(cp, sizeof(typename fastnorm::AccOf<T>::type)) : 0;
+  return *bytes > 0 && p.workspace ? run_chain<T>(p, cp, stream) : nullptr;
+}
+#endif
+
 }  // namespace
+
+// GroupNorm sets of 256 KB to 16 MB in one kernel that reads x once (family_chain_kernel.cuh); an entry of
+// its own, so that only GroupNorm's single-file solutions carry it, and those only where the solver saw a
+// call take it. Without p.workspace it only sets *bytes, the workspace the call needs (0: the call is
+// fastnorm_cuda_family's); with it, it launches.
+const char* fastnorm_cuda_group_chain(const FamilyParams& p, void* stream, int64_t* bytes) {
+  *bytes = 0;
+#ifdef FASTNORM_WANT_GROUP_CHAIN
+  if (p.numel == 0 || !p.x || !p.y || !p.mean || p.groups <= 0 || p.channels % p.groups != 0) return nullptr;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (p.dtype) {
+#ifdef FASTNORM_WANT_F32
+    case FN_F32: return group_chain_dtype<float>(p, s, bytes);
+#endif
+#ifdef FASTNORM_WANT_F64
+    case FN_F64: return group_chain_dtype<double>(p, s, bytes);
+#endif
+#ifdef FASTNORM_WANT_F16
+    case FN_F16: return group_chain_dtype<__half>(p, s, bytes);
+#endif
+#ifdef FASTNORM_WANT_BF16
+    case FN_BF16: return group_chain_dtype<__nv_bfloat16>(p, s, bytes);
+#endif
+    default: break;
+  }
+#endif
+  return nullptr;
+}
 
 // L1 / L2 rows that fit L2 in one kernel (p_norm_row_kernel); *ran false: the call is fastnorm_cuda_family's.
 // An entry of its own, so that only p_normalize's single-file solutions carry the kernel.

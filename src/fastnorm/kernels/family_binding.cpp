@@ -19,6 +19,7 @@
 int64_t fastnorm_cuda_family_workspace_bytes(const FamilyParams& p);
 const char* fastnorm_cuda_family(const FamilyParams& p, void* stream);
 const char* fastnorm_cuda_p_norm_rows(const FamilyParams& p, void* stream, bool* ran);
+const char* fastnorm_cuda_group_chain(const FamilyParams& p, void* stream, int64_t* bytes);
 int64_t fastnorm_cuda_family_backward_workspace_bytes(const FamilyBackwardParams& p);
 const char* fastnorm_cuda_family_backward(const FamilyBackwardParams& p, void* stream);
 #else
@@ -109,6 +110,25 @@ void run_family(FamilyCall& c) {
   TORCH_CHECK(err == nullptr, "fastnorm kernel failed: ", err);
 }
 
+#ifdef FASTNORM_CUDA
+// GroupNorm sets that fit L2 a few at a time: one kernel, x mostly read once (family_chain_kernel.cuh). False:
+// not such a call.
+bool run_group_chain(FamilyCall& c) {
+  if (c.p.numel == 0) return false;
+  const c10::cuda::OptionalCUDAGuard guard(c.x.device());
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  int64_t bytes = 0;
+  fastnorm_cuda_group_chain(c.p, stream, &bytes);
+  if (bytes == 0) return false;
+  const at::Tensor workspace = at::empty({bytes}, c.x.options().dtype(at::kByte));
+  c.p.workspace = workspace.data_ptr();
+  c.p.workspace_bytes = bytes;
+  const char* err = fastnorm_cuda_group_chain(c.p, stream, &bytes);
+  TORCH_CHECK(err == nullptr, "fastnorm kernel failed: ", err);
+  return true;
+}
+#endif
+
 // (N, C, spatial size) of an input of shape (N, C, *).
 std::vector<int64_t> batch_channel_spatial(const at::Tensor& x, const char* op) {
   TORCH_CHECK(x.dim() >= 2, "fastnorm.", op, ": expected an input of shape (N, C, *), got ", num(x.sizes()));
@@ -152,6 +172,9 @@ std::vector<at::Tensor> group_norm_forward(const at::Tensor& x, const c10::optio
   p.channels = ch;
   p.groups = groups;
   p.activation = int(activation);
+#ifdef FASTNORM_CUDA
+  if (run_group_chain(c)) return {c.y, mean, var};
+#endif
   run_family(c);
   return {c.y, mean, var};
 }

@@ -9,6 +9,7 @@
 #include "cuda_launch.cuh"
 #include "cuda_stats.cuh"
 #include "family_params.h"
+#include "kernel_set.h"
 
 namespace fastnorm {
 namespace family {
@@ -96,11 +97,14 @@ struct ThreadSums {
       const A d = v - shift;
       lin += d;
       sq = fma(d, d, sq);
-    } else if (kStat == FN_STAT_ABS_SUM) {
+    }
+#ifdef FASTNORM_WANT_P_NORM
+    else if (kStat == FN_STAT_ABS_SUM) {
       sq += fabs(v);
     } else {
       sq = fma(v, v, sq);
     }
+#endif
   }
   __device__ __forceinline__ Stats<A> stats() const {
     if (kStat != FN_STAT_MEAN_VAR || n == A(0)) return {n, A(0), sq};
@@ -211,11 +215,14 @@ __global__ void __launch_bounds__(kThreads) merge_stats_kernel(FamilyParams p, P
     ws.set_var[set] = var < 0.0 ? 0.0 : var;  // NaN stays NaN
     static_cast<A*>(p.mean)[set] = A(m.mean);
     static_cast<A*>(p.var)[set] = A(ws.set_var[set]);
-  } else {
+  }
+#ifdef FASTNORM_WANT_P_NORM
+  else {
     const double s = p.p_mean ? m.m2 / m.n : m.m2;
     ws.set_mean[set] = kStat == FN_STAT_SQUARE_SUM ? sqrt(s) : s;
     static_cast<A*>(p.mean)[set] = A(ws.set_mean[set]);
   }
+#endif
 }
 
 __device__ __forceinline__ double param_at(const void* t, int dtype, int64_t i) {
@@ -235,6 +242,7 @@ __global__ void __launch_bounds__(kThreads) coefficients_kernel(FamilyParams p, 
   if (c >= p.coeffs) return;
   const int64_t ch = c % p.channels, set = (c / p.channels) * p.groups + ch / (p.channels / p.groups);
   A* out = ws.coeffs + 3 * c;
+#ifdef FASTNORM_WANT_P_NORM
   if (kStat != FN_STAT_MEAN_VAR) {
     const double norm = ws.set_mean[set];
     out[0] = A(0);
@@ -242,6 +250,7 @@ __global__ void __launch_bounds__(kThreads) coefficients_kernel(FamilyParams p, 
     out[2] = A(0);
     return;
   }
+#endif
   const double mean = p.given_stats ? double(static_cast<const A*>(p.mean)[set]) : ws.set_mean[set];
   const double var = p.given_stats ? double(static_cast<const A*>(p.var)[set]) : ws.set_var[set];
   const double w = p.weight ? param_at(p.weight, p.wdtype, ch) : 1.0;
@@ -365,9 +374,11 @@ template <typename T>
 static const char* run_family_stat(const FamilyParams& p, cudaStream_t stream) {
   switch (p.stat) {
     case FN_STAT_MEAN_VAR: return run_family<T, FN_STAT_MEAN_VAR>(p, stream);
+#ifdef FASTNORM_WANT_P_NORM
     case FN_STAT_ABS_SUM: return run_family<T, FN_STAT_ABS_SUM>(p, stream);
     case FN_STAT_SQUARE_SUM: return run_family<T, FN_STAT_SQUARE_SUM>(p, stream);
-    default: return "unknown family statistic";
+#endif
+    default: return FASTNORM_NOT_BUILT;
   }
 }
 

@@ -13,15 +13,19 @@ FAMILY_FUNCTIONS = ("group_norm_forward", "batch_norm_forward", "p_normalize")
 # Input dtypes by torch name (str(torch.float32) without "torch.") -> the code of their guard.
 DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
 # norm_forward's kernel families (planner.cuh), in the planner's order of preference; the CPU kernels
-# have "row" (last-dim rows) and "channel" (a non-trailing axis) only.
+# have "row" (last-dim rows) and "channel" (a non-trailing axis) only. "group_chain" is group_norm_forward's
+# kernel for sets of 256 KB - 16 MB (family_chain_kernel.cuh); without it those calls take the family's
+# multi-kernel path, 4% slower on KernelBench's GroupNorm.
 FAMILIES = {
-    "cuda": ("resident", "streamed", "cluster", "few_rows", "offset_rows", "split", "split_uncached", "row", "channel", "residual"),
+    "cuda": ("resident", "streamed", "cluster", "few_rows", "offset_rows", "split", "split_uncached", "row", "channel", "residual",
+             "group_chain"),
     "cpu": ("row", "channel"),
 }
 
 
-# The fused residual add serves add_norm_forward, which no solution binds: never selected.
-_NEVER_CALLED = frozenset({"residual"})
+# The fused residual add serves add_norm_forward, which no solution binds: never selected. Nor is the
+# chained GroupNorm kernel: its 8 KB would take a GroupNorm file past the solver's 40 KB for a 4% gain.
+_NEVER_CALLED = frozenset({"residual", "group_chain"})
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class KernelSelection:
             known[f"FASTNORM_WANT_{code.upper()}"] = code in self.dtypes
         for family in set(FAMILIES["cuda"]) | set(FAMILIES["cpu"]):
             known[f"FASTNORM_WANT_{family.upper()}"] = family in self.families
+        known["FASTNORM_WANT_P_NORM"] = "p_normalize" in self.functions  # the family's |x| and x^2 sums
         return known
 
     def describe(self) -> str:

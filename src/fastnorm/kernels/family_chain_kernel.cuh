@@ -1,0 +1,208 @@
+// GroupNorm / InstanceNorm sets too large for a block each (family_set_kernels.cuh) but a few of which
+// fit L2 (256 KB - 16 MB), in one kernel that reads x from DRAM once, mostly; the multi-kernel path reads
+// it twice. H100, KernelBench's GroupNorm 112x64x512x512 fp32 (8 MB sets): 7.12 ms against 7.41 for the
+// multi-kernel path and 7.46 for torch.compile (70% of a copy's speed: part of x is gone from L2 by its
+// second read, even with y stored evict-first; without that hint, 7.45 ms).
+//
+// Blocks take tickets in the order they start (an atomic counter). A ticket is a chunk of a set, for its
+// statistics or for its output; the statistics tickets of set s + lag come before the output tickets of
+// set s, so an output chunk finds its set's statistics done and x still in L2 (about lag sets of x read in
+// between). The last statistics chunk of a set adds the set's partial sums (double, in chunk order:
+// results repeat bit for bit) and raises the set's flag. An output chunk waits only for statistics
+// tickets earlier than its own, which blocks already running hold: no deadlock, whatever shares the GPU.
+#pragma once
+#include "family_set_kernels.cuh"
+
+namespace fastnorm {
+namespace family {
+namespace chain {
+
+// Tickets of a set: `chunks` statistics chunks of `chunk` elements, `pieces` output pieces of `piece`.
+struct ChainPlan {
+  int64_t sets = 0, set_len, chunk, chunks, piece, pieces, lag, spatial, per_group;
+};
+
+// Workspace: the ticket counter, then per set its arrivals and flag (zeroed before the launch); partial
+// sums (2 a chunk); mean and rstd per set (double).
+template <typename A>
+struct ChainWorkspace {
+  unsigned* counters;
+  A* partials;
+  double* set_stats;
+};
+
+template <typename T>
+static ChainPlan chain_plan(const FamilyParams& p) {
+  constexpr int64_t V = 16 / sizeof(T);
+  ChainPlan cp;
+  const int64_t bytes = p.run_len * int64_t(sizeof(T)), tickets_cap = int64_t(1) << 31;
+  // GroupNorm's layout (group_norm_forward), sets of 256 KB to FASTNORM_FAMILY_CHAIN_KB (0: off), planes of
+  // whole vectors and at least kLongRow elements (an output piece spans few channels), x and y aligned.
+  if (p.stat != FN_STAT_MEAN_VAR || p.given_stats || p.runs != 1 || p.row_len < kLongRow || p.row_len % V != 0 ||
+      bytes < (256 << 10) || bytes > env_int("FASTNORM_FAMILY_CHAIN_KB", 16 << 10) << 10 ||
+      !aligned16(p.x) || !aligned16(p.y) || sets::set_forward_plan<T>(p).sets > 0) {
+    return cp;
+  }
+  cp.set_len = p.run_len;
+  cp.chunk = kThreads * V * kStatsBatch;
+  cp.chunks = (cp.set_len + cp.chunk - 1) / cp.chunk;
+  cp.piece = kThreads * V * kApplyVectors;
+  cp.pieces = (cp.set_len + cp.piece - 1) / cp.piece;
+  // Lag: 8 MB of sets, at least one. H100, GroupNorm 112x64x512x512 fp32 (8 MB sets): 7.15 ms at one set,
+  // 7.62 at two, 7.48 at four (more waiting, or more of x gone from L2); the multi-kernel path 7.41.
+  const int64_t lag = (env_int("FASTNORM_FAMILY_CHAIN_LAG_KB", 8 << 10) << 10) / bytes;
+  cp.lag = lag < 1 ? 1 : lag > p.stats ? p.stats : lag;
+  cp.spatial = p.row_len;
+  cp.per_group = p.channels / p.groups;
+  if (p.stats * (cp.chunks + cp.pieces) < tickets_cap) cp.sets = p.stats;
+  return cp;
+}
+
+static inline int64_t chain_workspace_bytes(const ChainPlan& cp, int64_t acc_size) {
+  return align16((1 + 2 * cp.sets) * 4) + align16(cp.sets * cp.chunks * 2 * acc_size) + cp.sets * 16;
+}
+
+template <typename A>
+static ChainWorkspace<A> chain_workspace(const FamilyParams& p, const ChainPlan& cp) {
+  char* base = static_cast<char*>(p.workspace);
+  ChainWorkspace<A> ws;
+  ws.counters = reinterpret_cast<unsigned*>(base);
+  base += align16((1 + 2 * cp.sets) * 4);
+  ws.partials = reinterpret_cast<A*>(base);
+  ws.set_stats = reinterpret_cast<double*>(base + align16(cp.sets * cp.chunks * 2 * int64_t(sizeof(A))));
+  return ws;
+}
+
+// Ticket t as (set, chunk or piece j, output?): lag sets' statistics, then the statistics of set i + lag
+// and the output of set i in turn, then the last lag sets' outputs.
+__device__ __forceinline__ bool decode_ticket(const ChainPlan& cp, int64_t t, int64_t& set, int64_t& j) {
+  const int64_t s = cp.chunks, o = cp.pieces, pair = s + o, pairs = cp.sets - cp.lag;
+  bool out = false;
+  if (t < cp.lag * s) {
+    set = t / s;
+    j = t % s;
+  } else if ((t -= cp.lag * s) < pairs * pair) {
+    set = t / pair;
+    j = t % pair;
+    out = j >= s;
+    if (out) j -= s;
+    else set += cp.lag;
+  } else {
+    t -= pairs * pair;
+    set = pairs + t / o;
+    j = t % o;
+    out = true;
+  }
+  return out;
+}
+
+template <typename T, int kAct, typename A = typename AccOf<T>::type>
+__global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPlan cp, ChainWorkspace<A> ws) {
+  constexpr int V = 16 / sizeof(T);
+  constexpr int kRuns = 8;  // channels an output piece may span: piece / kLongRow + 2 at most
+  __shared__ unsigned ticket;
+  __shared__ bool last;
+  __shared__ A red[2 * 32];
+  __shared__ double dred[2 * 32];
+  __shared__ A coef[3][kRuns];
+  if (threadIdx.x == 0) ticket = atomicAdd(ws.counters, 1u);
+  __syncthreads();
+  int64_t set, j;
+  const bool out = decode_ticket(cp, ticket, set, j);
+  const T* x = static_cast<const T*>(p.x) + set * cp.set_len;
+  const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
+  unsigned* flag = ws.counters + 1 + cp.sets + set;
+  if (!out) {
+    const A shift = to_acc(x[0]);  // sums about the set's first value: exact enough at x + 1000
+    const int64_t hi = min((j + 1) * cp.chunk, cp.set_len) / V;
+    A s[2] = {A(0), A(0)};
+    strided_batches<kStatsBatch>(
+        j * cp.chunk / V + threadIdx.x, int64_t(kThreads), hi, [&](int64_t i) { return load_vec<false>(xv + i); },
+        [&](int64_t, const Vec<T, V>& v) {
+          A a[V];
+          widen(v.v, a);
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            const A d = a[e] - shift;
+            s[0] += d;
+            s[1] = fma(d, d, s[1]);
+          }
+        });
+    group_sums<2>(s, kThreads, red);
+    if (threadIdx.x == 0) {
+      ws.partials[2 * (set * cp.chunks + j)] = s[0];
+      ws.partials[2 * (set * cp.chunks + j) + 1] = s[1];
+      __threadfence();
+      last = atomicAdd(ws.counters + 1 + set, 1u) == unsigned(cp.chunks - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double d[2] = {0.0, 0.0};
+    for (int64_t k = threadIdx.x; k < cp.chunks; k += kThreads) {
+      d[0] += double(__ldcg(ws.partials + 2 * (set * cp.chunks + k)));
+      d[1] += double(__ldcg(ws.partials + 2 * (set * cp.chunks + k) + 1));
+    }
+    group_sums<2>(d, kThreads, dred);
+    if (threadIdx.x == 0) {
+      const double mean_rel = d[0] / double(cp.set_len);
+      double var = d[1] / double(cp.set_len) - mean_rel * mean_rel;
+      var = var > 0.0 ? var : 0.0 * var;  // NaN stays NaN
+      static_cast<A*>(p.mean)[set] = A(double(shift) + mean_rel);
+      static_cast<A*>(p.var)[set] = A(var);
+      ws.set_stats[2 * set] = double(shift) + mean_rel;
+      ws.set_stats[2 * set + 1] = 1.0 / sqrt(var + p.eps);
+      __threadfence();
+      store_release(flag, 1u);
+    }
+    return;
+  }
+  const int64_t lo = j * cp.piece, hi = min(lo + cp.piece, cp.set_len);
+  const int64_t run0 = lo / cp.spatial;
+  if (threadIdx.x == 0) {
+    while (load_acquire(flag) == 0) __nanosleep(100);
+  }
+  __syncthreads();
+  // (center, scale, offset) of the piece's channels, as coefficients_kernel makes them.
+  if (threadIdx.x <= (hi - 1) / cp.spatial - run0) {
+    const double mean = __ldcg(ws.set_stats + 2 * set), rstd = __ldcg(ws.set_stats + 2 * set + 1);
+    const int64_t c = (set % p.groups) * cp.per_group + run0 + threadIdx.x;
+    const double scale = rstd * (p.weight ? param_at(p.weight, p.wdtype, c) : 1.0);
+    const A center = A(mean);
+    coef[0][threadIdx.x] = center;
+    coef[1][threadIdx.x] = A(scale);
+    coef[2][threadIdx.x] = A((p.bias ? param_at(p.bias, p.wdtype, c) : 0.0) - (mean - double(center)) * scale);
+  }
+  __syncthreads();
+  Vec<T, V>* yv = reinterpret_cast<Vec<T, V>*>(static_cast<T*>(p.y) + set * cp.set_len);
+  const uint32_t spatial = uint32_t(cp.spatial), first = uint32_t(run0);
+  strided_batches<kApplyVectors>(
+      lo / V + threadIdx.x, int64_t(kThreads), hi / V, [&](int64_t i) { return load_vec<true>(xv + i); },
+      [&](int64_t i, const Vec<T, V>& v) {
+        const uint32_t r = uint32_t(i) * V / spatial - first;
+        A a[V];
+        widen(v.v, a);
+#pragma unroll
+        for (int e = 0; e < V; ++e) a[e] = activate<kAct>(fma(a[e] - coef[0][r], coef[1][r], coef[2][r]));
+        store_vec<true>(yv + i, pack<T>(a));  // evict-first: L2 keeps x for the output pieces
+      });
+}
+
+template <typename T>
+static const char* run_chain(const FamilyParams& p, const ChainPlan& cp, cudaStream_t stream) {
+  using A = typename AccOf<T>::type;
+  if (p.workspace_bytes < chain_workspace_bytes(cp, sizeof(A))) return "family workspace too small";
+  const ChainWorkspace<A> ws = chain_workspace<A>(p, cp);
+  cudaMemsetAsync(ws.counters, 0, (1 + 2 * cp.sets) * 4, stream);
+  const unsigned blocks = unsigned(cp.sets * (cp.chunks + cp.pieces));
+  if (p.activation == FN_ACT_SILU) {
+    chain_kernel<T, FN_ACT_SILU><<<blocks, kThreads, 0, stream>>>(p, cp, ws);
+  } else {
+    chain_kernel<T, FN_ACT_NONE><<<blocks, kThreads, 0, stream>>>(p, cp, ws);
+  }
+  return launch_result(cudaGetLastError());
+}
+
+}  // namespace chain
+}  // namespace family
+}  // namespace fastnorm
