@@ -142,6 +142,12 @@ def _sanitize_family(ext, dtype):
         x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
         w = torch.rand(shape[1], device="cuda", dtype=dtype, requires_grad=True)
         fastnorm.batch_norm(x, None, None, w, w, training=True).backward(torch.randn_like(x))
+    # GroupNorm's chained sets (sets of 256 KB - 16 MB, fewer than 3/4 of the SMs where 1 MB or less):
+    # planes that pieces span (2056), all three ticket stretches (80 sets), SiLU and float32 parameters.
+    for shape, groups in [((2, 80, 2056), 1), ((40, 4, 128, 512), 2)]:
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        for act in (0, 1):
+            ext.group_norm_forward(x, torch.rand(shape[1], device="cuda"), None, groups, 1e-5, act)
     # p-norms: rows, and whole tensors, the last with 1024+ partials (merged by a block); rows for 3/4 of
     # the SMs and more (a block a row, p_norm_row_kernel: 200 rows of 4099, every row at its own offset).
     for shape, begin, end in [((5, 65535), 1, 2), ((3, 4, 5), 1, 2), ((2, 3, 4000), 0, 3), ((1025, 4097), 0, 2),
