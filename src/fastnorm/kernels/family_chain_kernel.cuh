@@ -1,13 +1,15 @@
 // GroupNorm / InstanceNorm sets too large for a block each (family_set_kernels.cuh) but a few of which
 // fit L2 (256 KB - 16 MB), in one kernel that reads x from DRAM once, mostly; the multi-kernel path reads
-// it twice. H100, KernelBench's GroupNorm 112x64x512x512 fp32 (8 MB sets): 7.12 ms against 7.41 for the
-// multi-kernel path and 7.46 for torch.compile (70% of a copy's speed: part of x is gone from L2 by its
-// second read, even with y stored evict-first; without that hint, 7.45 ms).
+// it twice. H100, KernelBench's GroupNorm 112x64x512x512 fp32 (8 MB sets): 6.65 ms against 7.40 for the
+// multi-kernel path and 7.46 for torch.compile (75% of a copy's speed: part of x is gone from L2 by its
+// second read). Measured against: y stored plain 7.21 ms, x re-read without the evict-first hint 7.55,
+// chunks of 16 vectors a thread 7.38, the statistics of a whole set ahead of the outputs of the one
+// before (not chunk by chunk) 7.15.
 //
 // Blocks take tickets in the order they start (an atomic counter). A ticket is a chunk of a set, for its
-// statistics or for its output; the statistics tickets of set s + lag come before the output tickets of
-// set s, so an output chunk finds its set's statistics done and x still in L2 (about lag sets of x read in
-// between). The last statistics chunk of a set adds the set's partial sums (double, in chunk order:
+// statistics or for its output; the statistics of chunk k + lag come right before the output of chunk k
+// (lag at least a set), so an output chunk finds its set's statistics done and x still in L2 (about lag
+// chunks of x read in between). The last statistics chunk of a set adds the set's partial sums (double, in chunk order:
 // results repeat bit for bit) and raises the set's flag. An output chunk waits only for statistics
 // tickets earlier than its own, which blocks already running hold: no deadlock, whatever shares the GPU.
 #pragma once
@@ -17,9 +19,10 @@ namespace fastnorm {
 namespace family {
 namespace chain {
 
-// Tickets of a set: `chunks` statistics chunks of `chunk` elements, `pieces` output pieces of `piece`.
+// A set is `chunks` chunks of `chunk` elements; chunk k of the call is chunk k % chunks of set k / chunks.
+// Each chunk has two tickets, its statistics and its output, `lag` chunks apart (at least a set).
 struct ChainPlan {
-  int64_t sets = 0, set_len, chunk, chunks, piece, pieces, lag, spatial, per_group;
+  int64_t sets = 0, set_len, chunk, chunks, lag, spatial, per_group;
 };
 
 // Workspace: the ticket counter, then per set its arrivals and flag (zeroed before the launch); partial
@@ -46,15 +49,15 @@ static ChainPlan chain_plan(const FamilyParams& p) {
   cp.set_len = p.run_len;
   cp.chunk = kThreads * V * kStatsBatch;
   cp.chunks = (cp.set_len + cp.chunk - 1) / cp.chunk;
-  cp.piece = kThreads * V * kApplyVectors;
-  cp.pieces = (cp.set_len + cp.piece - 1) / cp.piece;
-  // Lag: 8 MB of sets, at least one. H100, GroupNorm 112x64x512x512 fp32 (8 MB sets): 7.15 ms at one set,
-  // 7.62 at two, 7.48 at four (more waiting, or more of x gone from L2); the multi-kernel path 7.41.
-  const int64_t lag = (env_int("FASTNORM_FAMILY_CHAIN_LAG_KB", 8 << 10) << 10) / bytes;
-  cp.lag = lag < 1 ? 1 : lag > p.stats ? p.stats : lag;
+  // Lag: 6 MB of chunks, at least a set. H100 (benchmarks/results/h100-family-ab.txt, session 28): GroupNorm
+  // 112x64x512x512 fp32 (8 MB sets) 6.65 ms at one set (the least), 6.77 at 12 MB, 7.29 at 16 MB; sets of
+  // 4 MB 2.97-3.03 ms at 2-8 MB, 3.19 at 12 MB, 3.51 at 16 MB (x gone from L2 before its second read).
+  const int64_t total = p.stats * cp.chunks, lag = (env_int("FASTNORM_FAMILY_CHAIN_LAG_KB", 6 << 10) << 10) /
+                                                   (cp.chunk * int64_t(sizeof(T)));
+  cp.lag = lag < cp.chunks ? cp.chunks : lag > total ? total : lag;
   cp.spatial = p.row_len;
   cp.per_group = p.channels / p.groups;
-  if (p.stats * (cp.chunks + cp.pieces) < tickets_cap) cp.sets = p.stats;
+  if (2 * total < tickets_cap) cp.sets = p.stats;
   return cp;
 }
 
@@ -73,33 +76,22 @@ static ChainWorkspace<A> chain_workspace(const FamilyParams& p, const ChainPlan&
   return ws;
 }
 
-// Ticket t as (set, chunk or piece j, output?): lag sets' statistics, then the statistics of set i + lag
-// and the output of set i in turn, then the last lag sets' outputs.
-__device__ __forceinline__ bool decode_ticket(const ChainPlan& cp, int64_t t, int64_t& set, int64_t& j) {
-  const int64_t s = cp.chunks, o = cp.pieces, pair = s + o, pairs = cp.sets - cp.lag;
-  bool out = false;
-  if (t < cp.lag * s) {
-    set = t / s;
-    j = t % s;
-  } else if ((t -= cp.lag * s) < pairs * pair) {
-    set = t / pair;
-    j = t % pair;
-    out = j >= s;
-    if (out) j -= s;
-    else set += cp.lag;
-  } else {
-    t -= pairs * pair;
-    set = pairs + t / o;
-    j = t % o;
-    out = true;
-  }
-  return out;
+// Ticket t as (chunk k, output?): the first lag chunks' statistics, then the statistics of chunk k + lag and the
+// output of chunk k in turn, then the last lag chunks' outputs. An output waits for its set's statistics,
+// whose tickets all come before its own (lag >= a set).
+__device__ __forceinline__ bool decode_ticket(const ChainPlan& cp, int64_t t, int64_t& k) {
+  const int64_t pairs = cp.sets * cp.chunks - cp.lag;
+  k = t;
+  if (t < cp.lag) return false;
+  t -= cp.lag;
+  k = t < 2 * pairs ? t / 2 + (t & 1 ? 0 : cp.lag) : t - pairs;
+  return t >= 2 * pairs || (t & 1);
 }
 
 template <typename T, int kAct, typename A = typename AccOf<T>::type>
 __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPlan cp, ChainWorkspace<A> ws) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int kRuns = 8;  // channels an output piece may span: piece / kLongRow + 2 at most
+  constexpr int kRuns = 16;  // channels a chunk may span: chunk / kLongRow + 2 at most
   __shared__ unsigned ticket;
   __shared__ bool last;
   __shared__ A red[2 * 32];
@@ -107,8 +99,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
   __shared__ A coef[3][kRuns];
   if (threadIdx.x == 0) ticket = atomicAdd(ws.counters, 1u);
   __syncthreads();
-  int64_t set, j;
-  const bool out = decode_ticket(cp, ticket, set, j);
+  int64_t k;
+  const bool out = decode_ticket(cp, ticket, k);
+  const int64_t set = k / cp.chunks, j = k % cp.chunks;
   const T* x = static_cast<const T*>(p.x) + set * cp.set_len;
   const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
   unsigned* flag = ws.counters + 1 + cp.sets + set;
@@ -157,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
     }
     return;
   }
-  const int64_t lo = j * cp.piece, hi = min(lo + cp.piece, cp.set_len);
+  const int64_t lo = j * cp.chunk, hi = min(lo + cp.chunk, cp.set_len);
   const int64_t run0 = lo / cp.spatial;
   if (threadIdx.x == 0) {
     while (load_acquire(flag) == 0) __nanosleep(100);
@@ -194,7 +187,7 @@ static const char* run_chain(const FamilyParams& p, const ChainPlan& cp, cudaStr
   if (p.workspace_bytes < chain_workspace_bytes(cp, sizeof(A))) return "family workspace too small";
   const ChainWorkspace<A> ws = chain_workspace<A>(p, cp);
   cudaMemsetAsync(ws.counters, 0, (1 + 2 * cp.sets) * 4, stream);
-  const unsigned blocks = unsigned(cp.sets * (cp.chunks + cp.pieces));
+  const unsigned blocks = unsigned(2 * cp.sets * cp.chunks);
   if (p.activation == FN_ACT_SILU) {
     chain_kernel<T, FN_ACT_SILU><<<blocks, kThreads, 0, stream>>>(p, cp, ws);
   } else {
