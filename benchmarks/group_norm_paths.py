@@ -1,11 +1,15 @@
-"""GroupNorm forward on CUDA: the chained kernel (family_chain_kernel.cuh, the default for sets of 256 KB - 16 MB)
-against the multi-kernel path (FASTNORM_FAMILY_CHAIN_KB=0), same process, CUDA events, median of 3 rounds.
+"""GroupNorm on CUDA: the chained kernels against the paths they replace, same process, CUDA events, median
+of 3 rounds. Forward: family_chain_kernel.cuh (sets of 256 KB - 16 MB) against the multi-kernel path
+(FASTNORM_FAMILY_CHAIN_KB=0). --backward: the backward alone (autograd.grad of x, weight and bias) with
+family_backward.cuh's chain_backward_kernel (sets of 256 KB - 16 MB of x and dy) against the plane kernels
+(FASTNORM_FAMILY_BWD_CHAIN_KB=0).
 
-    python benchmarks/group_norm_paths.py
+    python benchmarks/group_norm_paths.py [--backward]
 
 Rows whose sets take the block-a-set path (1 MB or less, sets for 3/4 of the SMs) time the same path twice.
 Results: benchmarks/results/h100-family-ab.txt (session 28).
 """
+import argparse
 import os
 
 import torch
@@ -33,31 +37,44 @@ def median_ms(fn, reps=20):
     return sorted(rounds)[1]
 
 
-def with_chain(on, fn):
+def with_chain(on, fn, switch="FASTNORM_FAMILY_CHAIN_KB"):
     if on:
-        os.environ.pop("FASTNORM_FAMILY_CHAIN_KB", None)
+        os.environ.pop(switch, None)
     else:
-        os.environ["FASTNORM_FAMILY_CHAIN_KB"] = "0"
+        os.environ[switch] = "0"
     return median_ms(fn)
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backward", action="store_true", help="time the backward's chain instead")
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("group_norm_paths.py: needs a CUDA GPU")
+    import fastnorm
+
     ext = extension.load("cuda")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    switch = "FASTNORM_FAMILY_BWD_CHAIN_KB" if args.backward else "FASTNORM_FAMILY_CHAIN_KB"
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {'backward' if args.backward else 'forward'}")
     for shape, groups, dtype in CASES:
         x = torch.randn(shape, device="cuda", dtype=dtype)
         w = torch.randn(shape[1], device="cuda", dtype=dtype)
         b = torch.randn_like(w)
-        call = lambda: ext.group_norm_forward(x, w, b, groups, 1e-5)
-        first = with_chain(True, call)
-        multi = with_chain(False, call)
-        chain = min(first, with_chain(True, call))  # the chain before and after the multi-kernel path
+        leaves = y = dy = None
+        if args.backward:
+            leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+            y = fastnorm.group_norm(leaves[0], groups, leaves[1], leaves[2])
+            dy = torch.randn_like(y)
+            call = lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
+        else:
+            call = lambda: ext.group_norm_forward(x, w, b, groups, 1e-5)
+        first = with_chain(True, call, switch)
+        multi = with_chain(False, call, switch)
+        chain = min(first, with_chain(True, call, switch))  # the chain before and after the path it replaces
         set_mb = x.numel() // (shape[0] * groups) * x.element_size() / 2**20
         print(f"{str(dtype)[6:]:8} {str(shape):22} g{groups:<3} set {set_mb:6.2f} MB  chain {chain:.4f} ms  "
               f"multi {multi:.4f} ms  ratio {multi / chain:.3f}", flush=True)
-        del x
+        x = call = leaves = y = dy = None  # free this shape's tensors before the next
 
 
 if __name__ == "__main__":

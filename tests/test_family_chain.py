@@ -2,7 +2,9 @@
 statistics chunks of later sets ticketed ahead of the output pieces of earlier ones) against float64:
 the three ticket stretches (the first sets' statistics, alternating statistics and outputs, the last sets'
 outputs), pieces spanning planes, every dtype, SiLU, missing or float32 parameters, offsets, repeat bits,
-and the calls it must leave to the multi-kernel path (misaligned, set path, off by variable).
+and the calls it must leave to the multi-kernel path (misaligned, set path, off by variable). Then the
+backward's chain (family_backward.cuh chain_backward_kernel): gradients against float64, repeat bits, SiLU
+left to the plane kernels.
 """
 import pytest
 import torch
@@ -111,3 +113,61 @@ def test_chain_nan_set_stays_nan():
     y, mean, var = ext().group_norm_forward(x, None, None, 2, 1e-5)
     assert torch.isnan(y[1, 4:]).all() and torch.isnan(mean[1, 1]) and torch.isnan(var[1, 1])
     assert torch.isfinite(y[0]).all() and torch.isfinite(y[1, :4]).all()
+
+
+# The backward's chain (family_backward.cuh chain_backward_kernel: sets of 256 KB - 16 MB of x and dy, planes
+# of 16K+ elements, no SiLU): planes of 65536, planes starting misaligned with a partial last piece
+# (16411), 80 sets (all three ticket stretches), one plane a set (InstanceNorm's layout).
+BACKWARD_CASES = [((2, 8, 256, 256), 2), ((2, 6, 16411), 1), ((40, 4, 128, 512), 2), ((4, 8, 256, 256), 8)]
+GRAD_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 4e-2, torch.float16: 2e-2}
+
+
+def gn_grads(x, w, b, groups, dy, activation=None):
+    import fastnorm
+
+    leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+    fastnorm.group_norm(leaves[0], groups, leaves[1], leaves[2], activation=activation).backward(dy)
+    return [t.grad for t in leaves]
+
+
+def reference_grads(x, w, b, groups, dy, silu=False):
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    y = torch.nn.functional.group_norm(leaves[0], groups, leaves[1], leaves[2])
+    (torch.nn.functional.silu(y) if silu else y).backward(dy.double())
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=lambda c: f"{'x'.join(map(str, c[0]))}-g{c[1]}")
+def test_chain_backward_matches_float64(dtype, case):
+    shape, groups = case
+    torch.manual_seed(1)
+    for offset in (0.0, 1000.0):
+        if offset and dtype in (torch.float16, torch.bfloat16):
+            continue
+        x = make(shape, dtype, "cuda", offset=offset)
+        w = (torch.rand(shape[1], dtype=torch.float64) + 0.5).to("cuda", dtype)
+        b = torch.randn(shape[1], dtype=torch.float64).to("cuda", dtype)
+        dy = torch.randn(shape, device="cuda").to(dtype)
+        names = kernels_of(lambda: gn_grads(x, w, b, groups, dy))
+        assert any("chain_backward_kernel" in n for n in names), names
+        got = gn_grads(x, w, b, groups, dy)
+        expected = reference_grads(x, w, b, groups, dy)
+        for name, g, e in zip(("dx", "dweight", "dbias"), got, expected):
+            err = (g.double() - e).abs().max().item() / max(1.0, e.abs().max().item())
+            assert err <= GRAD_TOL[dtype], (name, offset, err)
+
+
+def test_chain_backward_repeats_bitwise_and_leaves_silu_to_the_planes():
+    x = make((40, 4, 128, 512), torch.bfloat16, "cuda")
+    w = torch.rand(4, device="cuda", dtype=torch.bfloat16) + 0.5
+    b = torch.randn(4, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+    first = gn_grads(x, w, b, 2, dy)
+    for _ in range(2):
+        assert all(torch.equal(g, f) for g, f in zip(gn_grads(x, w, b, 2, dy), first))
+    names = kernels_of(lambda: gn_grads(x, w, b, 2, dy, "silu"))
+    assert not any("chain_backward_kernel" in n for n in names), names
+    got, expected = gn_grads(x, w, b, 2, dy, "silu"), reference_grads(x, w, b, 2, dy, silu=True)
+    for g, e in zip(got, expected):
+        assert (g.double() - e).abs().max().item() / max(1.0, e.abs().max().item()) <= GRAD_TOL[torch.bfloat16]

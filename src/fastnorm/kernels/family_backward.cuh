@@ -10,10 +10,11 @@
 //    planes' pieces by a group of threads in a fixed order: the results repeat bit for bit;
 // 3. plane_dx_kernel: dx = rstd * w * g + kx * u + k0 (reads x and dy again, writes dx).
 // Five passes over the tensor's size where torch's eager backward takes eight or more. GroupNorm's sets
-// small enough for L2 take set_backward_kernel instead: 1 and 2 in one block a set, 3 from L2.
+// small enough for L2 take set_backward_kernel instead: 1 and 2 in one block a set, 3 from L2; larger ones,
+// up to 16 MB of x and dy a set, chain_backward_kernel: 1, the sets' part of 2 and 3 in one kernel whose
+// tickets put a piece's dx shortly after its sums (family_chain_kernel.cuh), x and dy re-read from L2.
 #pragma once
-#include "family_kernels.cuh"
-#include "family_set_kernels.cuh"
+#include "family_chain_kernel.cuh"
 
 namespace fastnorm {
 namespace family {
@@ -52,19 +53,23 @@ static inline Plan plan_of(const FamilyBackwardParams& p) {
 
 template <typename A>
 static inline int64_t workspace_bytes(const Plan& pl) {
-  return align16(2 * pl.pieces * int64_t(sizeof(A))) + align16(2 * pl.sets * int64_t(sizeof(A)));
+  return align16(2 * pl.pieces * int64_t(sizeof(A))) + align16(2 * pl.sets * int64_t(sizeof(A))) +
+         (1 + 2 * pl.sets) * 4;
 }
 
 template <typename A>
 struct Scratch {
   A* sums;   // (sum g, sum g u) per piece, pieces of a plane together
   A* set_k;  // (kx, k0) per set
+  unsigned* counters;  // chain_backward_kernel's ticket counter, then per set its arrivals and flag
 };
 
 template <typename A>
 static inline Scratch<A> scratch_of(const FamilyBackwardParams& p, const Plan& pl) {
   char* base = static_cast<char*>(p.workspace);
-  return {reinterpret_cast<A*>(base), reinterpret_cast<A*>(base + align16(2 * pl.pieces * int64_t(sizeof(A))))};
+  const int64_t sums = align16(2 * pl.pieces * int64_t(sizeof(A)));
+  return {reinterpret_cast<A*>(base), reinterpret_cast<A*>(base + sums),
+          reinterpret_cast<unsigned*>(base + sums + align16(2 * pl.sets * int64_t(sizeof(A))))};
 }
 
 __device__ __forceinline__ int64_t set_of(const FamilyBackwardParams& p, int64_t plane) {
@@ -112,7 +117,9 @@ constexpr int kWalkBatch = sizeof(T) == 8 ? 2 : 4;
 // sit at the same offset from a 16-byte boundary, after a scalar head; kWrite stores op's result to dx.
 // Plain loads and stores: evict-first hints on the dx pass made it 3% slower (H100, BatchNorm
 // 64x64x512x512 fp32: 4.37 against 4.25 ms, torch.compile's 4.16; benchmarks/NOTES.md, session 25).
-template <typename T, bool kWrite, typename Op>
+// kLast: evict-first all the same, for the chained dx pass, which wants L2 kept for the data still to
+// be read a second time.
+template <typename T, bool kWrite, bool kLast = false, typename Op>
 __device__ __forceinline__ void walk(const T* x, const T* dy, T* dx, int64_t len, int lane, int lanes, Op op) {
   using A = typename AccOf<T>::type;
   constexpr int V = 16 / sizeof(T);
@@ -132,14 +139,14 @@ __device__ __forceinline__ void walk(const T* x, const T* dy, T* dx, int64_t len
   };
   strided_batches<kWalkBatch<T>>(
       int64_t(lane), int64_t(lanes), vecs,
-      [&](int64_t i) { return Pair{load_vec<false>(vx + i), load_vec<false>(vdy + i)}; },
+      [&](int64_t i) { return Pair{load_vec<kLast>(vx + i), load_vec<kLast>(vdy + i)}; },
       [&](int64_t i, const Pair& v) {
         A xa[V], ga[V];
         widen(v.x.v, xa);
         widen(v.dy.v, ga);
 #pragma unroll
         for (int e = 0; e < V; ++e) xa[e] = op(xa[e], ga[e]);
-        if (kWrite) store_vec<false>(vdx + i, pack<T>(xa));
+        if (kWrite) store_vec<kLast>(vdx + i, pack<T>(xa));
       });
   for (int64_t i = head + vecs * V + lane; i < len; i += lanes) {
     const A r = op(A(to_acc(x[i])), A(to_acc(dy[i])));
@@ -154,6 +161,12 @@ struct Piece {
   int lane, lanes;
 };
 
+// Piece `index` of long planes, the block's threads its lanes.
+__device__ __forceinline__ Piece piece_at(const FamilyBackwardParams& p, const Plan& pl, int64_t index) {
+  const int64_t plane = index / pl.per_plane, lo = (index % pl.per_plane) * pl.piece;
+  return {plane, index, lo, min(pl.piece, p.spatial - lo), int(threadIdx.x), kThreads};
+}
+
 // reverse: the dx pass takes the pieces last to first, so its first blocks find in L2 what the sums
 // pass read last.
 __device__ __forceinline__ bool piece_of(const FamilyBackwardParams& p, const Plan& pl, Piece& q, bool reverse) {
@@ -165,12 +178,7 @@ __device__ __forceinline__ bool piece_of(const FamilyBackwardParams& p, const Pl
     q.lanes = 32;
     return q.plane < pl.planes;
   }
-  q.index = reverse ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
-  q.plane = q.index / pl.per_plane;
-  q.lo = (q.index % pl.per_plane) * pl.piece;
-  q.len = min(pl.piece, p.spatial - q.lo);
-  q.lane = threadIdx.x;
-  q.lanes = kThreads;
+  q = piece_at(p, pl, reverse ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x));
   return true;
 }
 
@@ -393,6 +401,100 @@ __global__ void __launch_bounds__(sets::kThreads, 1) set_backward_kernel(FamilyB
   }
 }
 
+// GroupNorm sets of 256 KB to 16 MB of x and dy on planes of 16K elements or more (past the set path),
+// without SiLU (whose float32 instance spilled: the division of its sigmoid is a call): each piece has two
+// tickets (family_chain_kernel.cuh), its sums and, lag pieces later, its dx. H100 (benchmarks/
+// group_norm_paths.py --backward): 1.03-1.29x the plane kernels on planes of 16K-256K elements (KernelBench's
+// GroupNorm 12.16 -> 11.81 ms), but 0.96x on 8x512x64x64 fp32 (planes of 4096, pieces of 2048 elements). The last sums of a set make the
+// set's (kx, k0) as finalize_kernel does (the set's pieces in a fixed order over a block's threads) and raise
+// its flag; dweight and dbias come after, from finalize_kernel over the same piece sums.
+struct ChainTickets {
+  int64_t per_set = 0, lag = 0;
+};
+
+template <typename T>
+static inline ChainTickets chain_tickets(const FamilyBackwardParams& p, const Plan& pl) {
+  ChainTickets ct;
+  const int64_t per_group = p.channels / p.groups, bytes = 2 * per_group * p.spatial * int64_t(sizeof(T));
+  if (p.mode != FN_BWD_GROUPS || !p.dx || p.activation != FN_ACT_NONE || p.spatial < 16384 || bytes < (256 << 10) ||
+      bytes > env_int("FASTNORM_FAMILY_BWD_CHAIN_KB", 16 << 10) << 10 || 2 * pl.pieces >= (int64_t(1) << 31)) {
+    return ct;
+  }
+  ct.per_set = per_group * pl.per_plane;
+  ct.lag = chain::ticket_lag("FASTNORM_FAMILY_BWD_CHAIN_LAG_KB", 6 << 20, 2 * pl.piece * int64_t(sizeof(T)),
+                             ct.per_set, pl.pieces);
+  return ct;
+}
+
+template <typename T, typename A = typename AccOf<T>::type>
+__global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackwardParams p, Plan pl, ChainTickets ct,
+                                                                  Scratch<A> ws) {
+  constexpr int kAct = FN_ACT_NONE;
+  __shared__ unsigned ticket;
+  __shared__ bool last;
+  __shared__ A smem[2 * 32];
+  __shared__ double red[2 * 32];
+  __shared__ A k[2];
+  if (threadIdx.x == 0) ticket = atomicAdd(ws.counters, 1u);
+  __syncthreads();
+  int64_t index;
+  const bool out = chain::decode_ticket(pl.pieces, ct.lag, ticket, index);
+  const Piece q = piece_at(p, pl, index);
+  const PlaneTerms<A> t = plane_terms<A, kAct>(p, q.plane);
+  const int64_t first = q.plane * p.spatial + q.lo;
+  const T* x = static_cast<const T*>(p.x) + first;
+  const T* dy = static_cast<const T*>(p.dy) + first;
+  unsigned* flag = ws.counters + 1 + pl.sets + t.set;
+  if (!out) {
+    A s[2] = {A(0), A(0)};
+    walk<T, false>(x, dy, static_cast<T*>(nullptr), q.len, q.lane, q.lanes, [&](A xv, A dyv) {
+      const A u = xv - t.mean, g = grad_in<kAct>(dyv, u, t);
+      s[0] += g;
+      s[1] = fma(g, u, s[1]);
+      return xv;
+    });
+    group_sums<2>(s, kThreads, smem);
+    if (threadIdx.x == 0) {
+      ws.sums[2 * index] = s[0];
+      ws.sums[2 * index + 1] = s[1];
+      __threadfence();
+      last = atomicAdd(ws.counters + 1 + t.set, 1u) == unsigned(ct.per_set - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // The set's planes are set * per_group on (GroupNorm: n * C + g * per_group), its pieces contiguous.
+    const int64_t per_group = p.channels / p.groups, base = t.set * ct.per_set;
+    double d[2] = {0.0, 0.0};
+    for (int64_t i = threadIdx.x; i < ct.per_set; i += kThreads) {
+      const int64_t plane = t.set * per_group + i / pl.per_plane;
+      const double w = p.weight ? param_at(p.weight, p.wdtype, plane % p.channels) : 1.0;
+      d[0] = fma(w, double(__ldcg(ws.sums + 2 * (base + i))), d[0]);
+      d[1] = fma(w, double(__ldcg(ws.sums + 2 * (base + i) + 1)), d[1]);
+    }
+    group_sums<2>(d, kThreads, red);
+    if (threadIdx.x == 0) {
+      const double rstd = double(rstd_of<A>(p, t.set)), m = double(per_group) * double(p.spatial);
+      ws.set_k[2 * t.set] = A(-rstd * rstd * rstd * d[1] / m);
+      ws.set_k[2 * t.set + 1] = A(-rstd * d[0] / m);
+      __threadfence();
+      store_release(flag, 1u);
+    }
+    return;
+  }
+  if (threadIdx.x == 0) {
+    while (load_acquire(flag) == 0) __nanosleep(100);
+    k[0] = __ldcg(ws.set_k + 2 * t.set);
+    k[1] = __ldcg(ws.set_k + 2 * t.set + 1);
+  }
+  __syncthreads();
+  const A kx = k[0], k0 = k[1];
+  walk<T, true, true>(x, dy, static_cast<T*>(p.dx) + first, q.len, q.lane, q.lanes, [&](A xv, A dyv) {
+    const A u = xv - t.mean;
+    return fma(t.scale, grad_in<kAct>(dyv, u, t), fma(kx, u, k0));
+  });
+}
+
 template <typename T, int kAct>
 static void launch_dx(const FamilyBackwardParams& p, const Plan& pl, unsigned blocks,
                       const typename AccOf<T>::type* set_k, cudaStream_t stream) {
@@ -425,6 +527,13 @@ static const char* run_backward(const FamilyBackwardParams& p, cudaStream_t stre
       one.per_plane = 1;
       launch_finalize<A>(p, one, ws, false, true, stream);
     }
+    return launch_result(cudaGetLastError());
+  }
+  const ChainTickets ct = chain_tickets<T>(p, pl);
+  if (ct.per_set > 0) {
+    cudaMemsetAsync(ws.counters, 0, (1 + 2 * pl.sets) * 4, stream);
+    chain_backward_kernel<T><<<unsigned(2 * pl.pieces), kThreads, 0, stream>>>(p, pl, ct, ws);
+    launch_finalize<A>(p, pl, ws, false, channel_terms, stream);
     return launch_result(cudaGetLastError());
   }
   const unsigned blocks =

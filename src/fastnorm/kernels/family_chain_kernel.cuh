@@ -34,6 +34,26 @@ struct ChainWorkspace {
   double* set_stats;
 };
 
+// Ticket t of 2 * total (chunk k, output?): the first lag chunks' statistics, then the statistics of chunk
+// k + lag and the output of chunk k in turn, then the last lag chunks' outputs. An output waits for its set's
+// statistics, whose tickets all come before its own when lag >= a set's chunks.
+__device__ __forceinline__ bool decode_ticket(int64_t total, int64_t lag, int64_t t, int64_t& k) {
+  const int64_t pairs = total - lag;
+  k = t;
+  if (t < lag) return false;
+  t -= lag;
+  k = t < 2 * pairs ? t / 2 + (t & 1 ? 0 : lag) : t - pairs;
+  return t >= 2 * pairs || (t & 1);
+}
+
+// Ticket lag of `lag_bytes` (FASTNORM_<name>_LAG_KB overrides) in chunks of chunk_bytes: at least a set's
+// `per_set` chunks, at most all `total`.
+static inline int64_t ticket_lag(const char* env, int64_t lag_bytes, int64_t chunk_bytes, int64_t per_set,
+                                 int64_t total) {
+  const int64_t lag = (env_int(env, lag_bytes >> 10) << 10) / chunk_bytes;
+  return lag < per_set ? per_set : lag > total ? total : lag;
+}
+
 template <typename T>
 static ChainPlan chain_plan(const FamilyParams& p) {
   constexpr int64_t V = 16 / sizeof(T);
@@ -52,9 +72,8 @@ static ChainPlan chain_plan(const FamilyParams& p) {
   // Lag: 6 MB of chunks, at least a set. H100 (benchmarks/results/h100-family-ab.txt, session 28): GroupNorm
   // 112x64x512x512 fp32 (8 MB sets) 6.65 ms at one set (the least), 6.77 at 12 MB, 7.29 at 16 MB; sets of
   // 4 MB 2.97-3.03 ms at 2-8 MB, 3.19 at 12 MB, 3.51 at 16 MB (x gone from L2 before its second read).
-  const int64_t total = p.stats * cp.chunks, lag = (env_int("FASTNORM_FAMILY_CHAIN_LAG_KB", 6 << 10) << 10) /
-                                                   (cp.chunk * int64_t(sizeof(T)));
-  cp.lag = lag < cp.chunks ? cp.chunks : lag > total ? total : lag;
+  const int64_t total = p.stats * cp.chunks;
+  cp.lag = ticket_lag("FASTNORM_FAMILY_CHAIN_LAG_KB", 6 << 20, cp.chunk * int64_t(sizeof(T)), cp.chunks, total);
   cp.spatial = p.row_len;
   cp.per_group = p.channels / p.groups;
   if (2 * total < tickets_cap) cp.sets = p.stats;
@@ -76,18 +95,6 @@ static ChainWorkspace<A> chain_workspace(const FamilyParams& p, const ChainPlan&
   return ws;
 }
 
-// Ticket t as (chunk k, output?): the first lag chunks' statistics, then the statistics of chunk k + lag and the
-// output of chunk k in turn, then the last lag chunks' outputs. An output waits for its set's statistics,
-// whose tickets all come before its own (lag >= a set).
-__device__ __forceinline__ bool decode_ticket(const ChainPlan& cp, int64_t t, int64_t& k) {
-  const int64_t pairs = cp.sets * cp.chunks - cp.lag;
-  k = t;
-  if (t < cp.lag) return false;
-  t -= cp.lag;
-  k = t < 2 * pairs ? t / 2 + (t & 1 ? 0 : cp.lag) : t - pairs;
-  return t >= 2 * pairs || (t & 1);
-}
-
 template <typename T, int kAct, typename A = typename AccOf<T>::type>
 __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPlan cp, ChainWorkspace<A> ws) {
   constexpr int V = 16 / sizeof(T);
@@ -100,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
   if (threadIdx.x == 0) ticket = atomicAdd(ws.counters, 1u);
   __syncthreads();
   int64_t k;
-  const bool out = decode_ticket(cp, ticket, k);
+  const bool out = decode_ticket(cp.sets * cp.chunks, cp.lag, ticket, k);
   const int64_t set = k / cp.chunks, j = k % cp.chunks;
   const T* x = static_cast<const T*>(p.x) + set * cp.set_len;
   const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
