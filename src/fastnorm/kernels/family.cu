@@ -8,6 +8,26 @@
 
 namespace {
 
+// f(T()) for the input dtype's T where this build holds it, else `otherwise`: the entries' one dispatch.
+template <typename F>
+const char* by_dtype(int dtype, const char* otherwise, F f) {
+  switch (dtype) {
+#ifdef FASTNORM_WANT_F32
+    case FN_F32: return f(float());
+#endif
+#ifdef FASTNORM_WANT_F64
+    case FN_F64: return f(double());
+#endif
+#ifdef FASTNORM_WANT_F16
+    case FN_F16: return f(__half());
+#endif
+#ifdef FASTNORM_WANT_BF16
+    case FN_BF16: return f(__nv_bfloat16());
+#endif
+    default: return otherwise;
+  }
+}
+
 // Sets of statistics small enough for L2 in one kernel (family_set_kernels.cuh), the rest in the multi-kernel path.
 template <typename T>
 const char* run_family_dtype(const FamilyParams& p, cudaStream_t stream) {
@@ -44,23 +64,10 @@ const char* fastnorm_cuda_group_chain(const FamilyParams& p, void* stream, int64
 #ifdef FASTNORM_WANT_GROUP_CHAIN
   if (p.numel == 0 || !p.x || !p.y || !p.mean || p.groups <= 0 || p.channels % p.groups != 0) return nullptr;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (p.dtype) {
-#ifdef FASTNORM_WANT_F32
-    case FN_F32: return group_chain_dtype<float>(p, s, bytes);
-#endif
-#ifdef FASTNORM_WANT_F64
-    case FN_F64: return group_chain_dtype<double>(p, s, bytes);
-#endif
-#ifdef FASTNORM_WANT_F16
-    case FN_F16: return group_chain_dtype<__half>(p, s, bytes);
-#endif
-#ifdef FASTNORM_WANT_BF16
-    case FN_BF16: return group_chain_dtype<__nv_bfloat16>(p, s, bytes);
-#endif
-    default: break;
-  }
-#endif
+  return by_dtype(p.dtype, nullptr, [&](auto t) { return group_chain_dtype<decltype(t)>(p, s, bytes); });
+#else
   return nullptr;
+#endif
 }
 
 // L1 / L2 rows that fit L2 in one kernel (p_norm_row_kernel); *ran false: the call is fastnorm_cuda_family's.
@@ -69,21 +76,7 @@ const char* fastnorm_cuda_p_norm_rows(const FamilyParams& p, void* stream, bool*
   *ran = false;
   if (p.numel == 0 || !p.x || !p.y || !p.mean || p.stat == FN_STAT_MEAN_VAR || p.runs != 1) return nullptr;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (p.dtype) {
-#ifdef FASTNORM_WANT_F32
-    case FN_F32: return p_norm_rows_dtype<float>(p, s, ran);
-#endif
-#ifdef FASTNORM_WANT_F64
-    case FN_F64: return p_norm_rows_dtype<double>(p, s, ran);
-#endif
-#ifdef FASTNORM_WANT_F16
-    case FN_F16: return p_norm_rows_dtype<__half>(p, s, ran);
-#endif
-#ifdef FASTNORM_WANT_BF16
-    case FN_BF16: return p_norm_rows_dtype<__nv_bfloat16>(p, s, ran);
-#endif
-    default: return nullptr;
-  }
+  return by_dtype(p.dtype, nullptr, [&](auto t) { return p_norm_rows_dtype<decltype(t)>(p, s, ran); });
 }
 
 int64_t fastnorm_cuda_family_workspace_bytes(const FamilyParams& p) {
@@ -102,19 +95,6 @@ const char* fastnorm_cuda_family(const FamilyParams& p, void* stream) {
   }
   if (p.activation != FN_ACT_NONE && p.activation != FN_ACT_SILU) return "fastnorm_cuda_family: unknown activation";
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (p.dtype) {
-#ifdef FASTNORM_WANT_F32
-    case FN_F32: return run_family_dtype<float>(p, s);
-#endif
-#ifdef FASTNORM_WANT_F64
-    case FN_F64: return run_family_dtype<double>(p, s);
-#endif
-#ifdef FASTNORM_WANT_F16
-    case FN_F16: return run_family_dtype<__half>(p, s);
-#endif
-#ifdef FASTNORM_WANT_BF16
-    case FN_BF16: return run_family_dtype<__nv_bfloat16>(p, s);
-#endif
-    default: return fastnorm_dtype_not_built(p.dtype, "fastnorm_cuda_family: unsupported dtype");
-  }
+  return by_dtype(p.dtype, fastnorm_dtype_not_built(p.dtype, "fastnorm_cuda_family: unsupported dtype"),
+                  [&](auto t) { return run_family_dtype<decltype(t)>(p, s); });
 }

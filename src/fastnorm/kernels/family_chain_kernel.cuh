@@ -121,12 +121,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
         [&](int64_t, const Vec<T, V>& v) {
           A a[V];
           widen(v.v, a);
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            const A d = a[e] - shift;
-            s[0] += d;
-            s[1] = fma(d, d, s[1]);
-          }
+          add_shifted(s, a, shift);
         });
     group_sums<2>(s, kThreads, red);
     if (threadIdx.x == 0) {

@@ -113,6 +113,18 @@ struct ThreadSums {
   }
 };
 
+// A vector's values into sums about `shift`: s[0] += x - shift, s[1] += (x - shift)^2 (the set and chained
+// kernels' statistics, exact enough at x + 1000 with the set's first value as the shift).
+template <typename A, int V>
+__device__ __forceinline__ void add_shifted(A (&s)[2], const A (&a)[V], A shift) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const A d = a[e] - shift;
+    s[0] += d;
+    s[1] = fma(d, d, s[1]);
+  }
+}
+
 // Vectors a thread of the statistics pass loads before it uses the first (strided_batches).
 constexpr int kStatsBatch = 8;
 

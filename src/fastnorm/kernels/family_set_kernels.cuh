@@ -117,14 +117,8 @@ __global__ void __launch_bounds__(kThreads, 1) set_forward_kernel(FamilyParams p
   A s[2] = {A(0), A(0)};
   for (int64_t u = warp; u < sp.units; u += kWarps) {
     const Unit un = unit_of(sp, u);
-    unit_vectors<T, false>(x + run_offset(sp, set, un.run), un, lane, [&](int64_t, const A(&a)[V]) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const A d = a[e] - shift;
-        s[0] += d;
-        s[1] = fma(d, d, s[1]);
-      }
-    });
+    unit_vectors<T, false>(x + run_offset(sp, set, un.run), un, lane,
+                           [&](int64_t, const A(&a)[V]) { add_shifted(s, a, shift); });
   }
   group_sums<2>(s, kThreads, red);
   const A mean_rel = s[0] / A(len);
