@@ -1,5 +1,6 @@
 // CUDA entry points of the normalization family (family_binding.cpp calls them): workspace size and
-// launch, dispatched on the input dtype. The kernels are in family_kernels.cuh.
+// launch, dispatched on the input dtype. The kernels are in family_kernels.cuh, family_set_kernels.cuh and
+// family_chain_kernel.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -55,10 +56,10 @@ const char* group_chain_dtype(const FamilyParams& p, cudaStream_t stream, int64_
 
 }  // namespace
 
-// GroupNorm sets of 256 KB to 16 MB in one kernel that reads x once (family_chain_kernel.cuh); an entry of
-// its own, so that only GroupNorm's single-file solutions carry it, and those only where the solver saw a
-// call take it. Without p.workspace it only sets *bytes, the workspace the call needs (0: the call is
-// fastnorm_cuda_family's); with it, it launches.
+// GroupNorm sets of 256 KB to 16 MB in one kernel that reads x mostly once (family_chain_kernel.cuh); an
+// entry of its own, which single-file solutions (they leave the kernel out: selection.py) hold as this stub
+// in GroupNorm's files only. Without p.workspace it only sets *bytes, the workspace the call needs (0: the
+// call is fastnorm_cuda_family's); with it, it launches.
 const char* fastnorm_cuda_group_chain(const FamilyParams& p, void* stream, int64_t* bytes) {
   *bytes = 0;
 #ifdef FASTNORM_WANT_GROUP_CHAIN

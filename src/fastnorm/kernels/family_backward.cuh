@@ -403,12 +403,13 @@ __global__ void __launch_bounds__(sets::kThreads, 1) set_backward_kernel(FamilyB
 
 // GroupNorm sets of 256 KB to 16 MB of x and dy on planes of 16K elements or more (past the set path),
 // without SiLU (whose float32 instance spilled: the division of its sigmoid is a call): each piece has two
-// tickets (family_chain_kernel.cuh), its sums and, lag pieces later, its dx. H100 (benchmarks/
-// group_norm_paths.py --backward): 1.03-1.04x the plane kernels on sets of 4-8 MB (KernelBench's GroupNorm
-// 12.15 -> 11.81 ms), 1.03-1.29x on the smaller shapes, whose ratios swing between processes; 8x512x64x64
-// fp32 (planes of 4096, pieces of 2048 elements) read 0.96x once, so planes under 16K stay on the planes. The last sums of a set make the
-// set's (kx, k0) as finalize_kernel does (the set's pieces in a fixed order over a block's threads) and raise
-// its flag; dweight and dbias come after, from finalize_kernel over the same piece sums.
+// tickets (family_chain_kernel.cuh), its sums and, lag pieces later, its dx. The last sums of a set make
+// the set's (kx, k0) as finalize_kernel does (the set's pieces in a fixed order over a block's threads) and
+// raise its flag; dweight and dbias come after, from finalize_kernel over the same piece sums. H100
+// (benchmarks/group_norm_paths.py --backward): 1.03-1.04x the plane kernels on sets of 4-8 MB (KernelBench's
+// GroupNorm 12.15 -> 11.81 ms), 1.03-1.29x on smaller shapes, whose ratios swing between processes;
+// 8x512x64x64 fp32 (planes of 4096, pieces of 2048 elements) read 0.96x once, so planes under 16K elements
+// stay on the plane kernels.
 struct ChainTickets {
   int64_t per_set = 0, lag = 0;
 };

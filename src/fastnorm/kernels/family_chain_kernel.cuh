@@ -6,12 +6,13 @@
 // chunks of 16 vectors a thread 7.38, the statistics of a whole set ahead of the outputs of the one
 // before (not chunk by chunk) 7.15.
 //
-// Blocks take tickets in the order they start (an atomic counter). A ticket is a chunk of a set, for its
-// statistics or for its output; the statistics of chunk k + lag come right before the output of chunk k
-// (lag at least a set), so an output chunk finds its set's statistics done and x still in L2 (about lag
-// chunks of x read in between). The last statistics chunk of a set adds the set's partial sums (double, in chunk order:
-// results repeat bit for bit) and raises the set's flag. An output chunk waits only for statistics
-// tickets earlier than its own, which blocks already running hold: no deadlock, whatever shares the GPU.
+// Blocks take tickets in the order they start (an atomic counter). A ticket is a 32 KB chunk of a set, for
+// its statistics or for its output; the statistics of chunk k + lag come right before the output of chunk
+// k (lag at least a set), so an output chunk finds its set's statistics done and x still in L2 (about lag
+// chunks of x read in between). The last statistics chunk of a set adds the set's partial sums (double, in
+// chunk order: results repeat bit for bit) and raises the set's flag. An output chunk waits only for
+// statistics tickets earlier than its own, which blocks already running hold: no deadlock, whatever
+// shares the GPU. family_backward.cuh's chain_backward_kernel takes its tickets the same way.
 #pragma once
 #include "family_set_kernels.cuh"
 
@@ -60,7 +61,7 @@ static ChainPlan chain_plan(const FamilyParams& p) {
   ChainPlan cp;
   const int64_t bytes = p.run_len * int64_t(sizeof(T)), tickets_cap = int64_t(1) << 31;
   // GroupNorm's layout (group_norm_forward), sets of 256 KB to FASTNORM_FAMILY_CHAIN_KB (0: off), planes of
-  // whole vectors and at least kLongRow elements (an output piece spans few channels), x and y aligned.
+  // whole vectors and at least kLongRow elements (a chunk spans few channels), x and y aligned.
   if (p.stat != FN_STAT_MEAN_VAR || p.given_stats || p.runs != 1 || p.row_len < kLongRow || p.row_len % V != 0 ||
       bytes < (256 << 10) || bytes > env_int("FASTNORM_FAMILY_CHAIN_KB", 16 << 10) << 10 ||
       !aligned16(p.x) || !aligned16(p.y) || sets::set_forward_plan<T>(p).sets > 0) {
@@ -134,9 +135,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
     if (!last) return;
     __threadfence();
     double d[2] = {0.0, 0.0};
-    for (int64_t k = threadIdx.x; k < cp.chunks; k += kThreads) {
-      d[0] += double(__ldcg(ws.partials + 2 * (set * cp.chunks + k)));
-      d[1] += double(__ldcg(ws.partials + 2 * (set * cp.chunks + k) + 1));
+    for (int64_t c = threadIdx.x; c < cp.chunks; c += kThreads) {
+      d[0] += double(__ldcg(ws.partials + 2 * (set * cp.chunks + c)));
+      d[1] += double(__ldcg(ws.partials + 2 * (set * cp.chunks + c) + 1));
     }
     group_sums<2>(d, kThreads, dred);
     if (threadIdx.x == 0) {
@@ -158,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
     while (load_acquire(flag) == 0) __nanosleep(100);
   }
   __syncthreads();
-  // (center, scale, offset) of the piece's channels, as coefficients_kernel makes them.
+  // (center, scale, offset) of the chunk's channels, as coefficients_kernel makes them.
   if (threadIdx.x <= (hi - 1) / cp.spatial - run0) {
     const double mean = __ldcg(ws.set_stats + 2 * set), rstd = __ldcg(ws.set_stats + 2 * set + 1);
     const int64_t c = (set % p.groups) * cp.per_group + run0 + threadIdx.x;
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
         widen(v.v, a);
 #pragma unroll
         for (int e = 0; e < V; ++e) a[e] = activate<kAct>(fma(a[e] - coef[0][r], coef[1][r], coef[2][r]));
-        store_vec<true>(yv + i, pack<T>(a));  // evict-first: L2 keeps x for the output pieces
+        store_vec<true>(yv + i, pack<T>(a));  // evict-first: L2 keeps x for the outputs to come
       });
 }
 
