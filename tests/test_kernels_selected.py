@@ -119,7 +119,8 @@ SELECTIONS = [
     KernelSelection("cuda", ("norm_forward",), frozenset({"f32"}), frozenset({"resident"})),
     KernelSelection("cuda", ("norm_forward",), frozenset({"bf16"}), frozenset({"split", "row"})),
     KernelSelection("cuda", ("norm_forward", "group_norm_forward"), frozenset({"f16"}), frozenset({"channel"})),
-    KernelSelection("cuda", ("p_normalize",), frozenset({"f32"}), frozenset()),
+    KernelSelection("cuda", ("p_normalize",), frozenset({"f32"}), frozenset({"family_passes"})),
+    KernelSelection("cuda", ("group_norm_forward",), frozenset({"bf16"}), frozenset({"group_chain"})),
 ]
 
 
@@ -133,9 +134,14 @@ def test_selected_sources_hold_what_was_selected_only(selection):
         assert "//" not in mask_literals(source.split("\n", 1)[1])
     for backward in ("norm_backward", "add_norm_forward", "residual_row"):
         assert backward not in text
-    assert "chain_kernel" not in text  # GroupNorm's chained sets: never in a solution (selection.py)
-    if device_code and selection.needs_family:  # the |x| and x^2 statistics only where p_normalize is
-        assert ("run_family<T, FN_STAT_ABS_SUM>" in device_code) is ("p_normalize" in selection.functions)
+    if device_code and selection.needs_family:  # the family's paths that were selected, and only those
+        paths = {"group_chain": "chain_kernel", "family_sets": "set_forward_kernel", "family_passes": "piece_stats_kernel"}
+        for path, kernel in paths.items():
+            wanted = path in selection.families and (path != "group_chain" or "group_norm_forward" in selection.functions)
+            assert (re.search(rf"\b{kernel}\b", device_code) is not None) is wanted, kernel
+        # the |x| and x^2 statistics of the multi-kernel path only where p_normalize is
+        assert ("run_passes<T, FN_STAT_ABS_SUM>" in device_code) is (
+            "p_normalize" in selection.functions and "family_passes" in selection.families)
     for function in ("norm_forward", "group_norm_forward", "batch_norm_forward", "p_normalize"):
         assert (re.search(rf"\b{function}\(const at::Tensor", text) is not None) is (function in selection.functions)
     if selection.device_type == "cpu":  # read by at::vec's headers, not by these sources: kept all the same
@@ -160,8 +166,8 @@ def test_everything_selected_is_still_every_kernel(device_type):
     selection = KernelSelection.everything(device_type)
     cpp, device_code = inline_sources(device_type, selection)
     text = cpp + (device_code or "")
-    for family in FAMILIES[device_type]:  # all but the residual add and the GroupNorm chain, which no solution holds
-        assert selection.symbols()[f"FASTNORM_WANT_{family.upper()}"] is (family not in ("residual", "group_chain"))
+    for family in FAMILIES[device_type]:  # all but the residual add, which no solution calls
+        assert selection.symbols()[f"FASTNORM_WANT_{family.upper()}"] is (family != "residual")
     for name in ("forward_f64", "forward_bf16_wf32", "resident_row_norm_kernel", "cluster_row_norm_kernel",
                  "strided_norm_kernel") if device_type == "cuda" else ("forward_channels", "forward_rows"):
         assert name in text, name

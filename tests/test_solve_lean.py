@@ -15,7 +15,7 @@ import torch
 from fastnorm.kernels.selection import KernelSelection
 from fastnorm.solve import kernel_needs
 from fastnorm.solve.extension_calls import ExtensionCall, record_calls
-from fastnorm.solve.planner_rules import CudaDevice, launch_key, norm_family
+from fastnorm.solve.planner_rules import CudaDevice, family_paths, launch_key, norm_family
 from fastnorm.solve.solver import plan_solution
 from fastnorm.solve.tune import candidate_configs
 from test_solve_support import MAIN_PROBLEMS_DIR, PROBLEMS_DIR
@@ -110,6 +110,42 @@ def _call(shape, begin, end, dtype="float32"):
 ])
 def test_planner_rules(call, family):
     assert norm_family(call, "cuda", H100) == family
+
+
+def _family_call(function, shape, groups=0, dtype="float32"):
+    return ExtensionCall(function, shape, dtype, "float32", groups=groups)
+
+
+@pytest.mark.parametrize("call,paths", [
+    (_family_call("group_norm_forward", (112, 64, 512, 512), 8), {"group_chain"}),     # 8 MB sets, 896 of them
+    (_family_call("group_norm_forward", (8, 512, 64, 64), 32), {"family_sets"}),       # 256 KB sets for every SM
+    (_family_call("group_norm_forward", (4, 64, 256, 256), 16), {"group_chain"}),      # 1 MB sets, too few
+    (_family_call("group_norm_forward", (2, 8, 128, 128), 4), {"family_passes"}),      # 128 KB sets, too few
+    (_family_call("group_norm_forward", (1, 8, 1024, 1024), 1), {"family_passes"}),    # 32 MB sets
+    (_family_call("group_norm_forward", (2, 80, 1000), 1), {"family_passes"}),         # planes under kLongRow
+    (_family_call("batch_norm_forward", (64, 64, 512, 512)), {"family_passes"}),       # 64 MB channels
+    (_family_call("batch_norm_forward", (40, 160, 4, 4)), {"family_passes", "family_sets"}),
+    (_family_call("p_normalize", (32768, 65535)), {"family_passes"}),
+])
+def test_family_path_rules(call, paths):
+    """planner_rules.family_paths against family.cu's choices (tests/test_family_chain.py checks the same
+    shapes' kernels on a GPU)."""
+    assert family_paths(call, "cuda", H100) == paths
+    assert family_paths(call, "cpu", H100) == frozenset()
+
+
+def test_the_family_files_hold_only_their_paths(plans):
+    sources = {}
+    for name in ("group_norm_112x64x512x512.py", "group_norm_silu_8x512x64x64.py", "batch_norm_64x64x512x512.py"):
+        selection = kernel_needs.selection_for(record_calls(plans[name]), "cuda", H100)
+        sources[name] = plans[name].render("cuda", selection=selection)
+    assert "chain_kernel" in sources["group_norm_112x64x512x512.py"]
+    assert "piece_stats_kernel" not in sources["group_norm_112x64x512x512.py"]
+    assert "set_forward_kernel" in sources["group_norm_silu_8x512x64x64.py"]
+    assert "piece_stats_kernel" not in sources["group_norm_silu_8x512x64x64.py"]
+    assert "piece_stats_kernel" in sources["batch_norm_64x64x512x512.py"]
+    assert "set_forward_kernel" not in sources["batch_norm_64x64x512x512.py"]
+    assert not any("chain_kernel" in sources[n] for n in sources if n != "group_norm_112x64x512x512.py")
 
 
 def test_tuning_grid_keeps_distinct_launches_on_built_families():

@@ -29,13 +29,20 @@ const char* by_dtype(int dtype, const char* otherwise, F f) {
   }
 }
 
-// Sets of statistics small enough for L2 in one kernel (family_set_kernels.cuh), the rest in the multi-kernel path.
+// Sets of statistics small enough for L2 in one kernel (family_set_kernels.cuh), the rest in the multi-kernel
+// path; a single file holds only the paths its traced calls take (kernel_set.h's family path guards).
 template <typename T>
 const char* run_family_dtype(const FamilyParams& p, cudaStream_t stream) {
   using namespace fastnorm::family;
+#ifdef FASTNORM_WANT_FAMILY_SETS
   const sets::SetPlan sp = sets::set_forward_plan<T>(p);
   if (sp.sets > 0) return sets::run_set_forward<T>(p, sp, stream);
-  return run_family_stat<T>(p, stream);
+#endif
+#ifdef FASTNORM_WANT_FAMILY_PASSES
+  return run_passes_stat<T>(p, stream);
+#else
+  return FASTNORM_NOT_BUILT;
+#endif
 }
 
 template <typename T>

@@ -359,7 +359,7 @@ static void launch_apply(const FamilyParams& p, const typename AccOf<T>::type* c
 }
 
 template <typename T, int kStat>
-static const char* run_family(const FamilyParams& p, cudaStream_t stream) {
+static const char* run_passes(const FamilyParams& p, cudaStream_t stream) {
   using A = typename AccOf<T>::type;
   const Plan pl = plan_of(p);
   if (p.workspace_bytes < workspace_bytes<A>(p, pl)) return "family workspace too small";
@@ -383,12 +383,12 @@ static const char* run_family(const FamilyParams& p, cudaStream_t stream) {
 }
 
 template <typename T>
-static const char* run_family_stat(const FamilyParams& p, cudaStream_t stream) {
+static const char* run_passes_stat(const FamilyParams& p, cudaStream_t stream) {
   switch (p.stat) {
-    case FN_STAT_MEAN_VAR: return run_family<T, FN_STAT_MEAN_VAR>(p, stream);
+    case FN_STAT_MEAN_VAR: return run_passes<T, FN_STAT_MEAN_VAR>(p, stream);
 #ifdef FASTNORM_WANT_P_NORM
-    case FN_STAT_ABS_SUM: return run_family<T, FN_STAT_ABS_SUM>(p, stream);
-    case FN_STAT_SQUARE_SUM: return run_family<T, FN_STAT_SQUARE_SUM>(p, stream);
+    case FN_STAT_ABS_SUM: return run_passes<T, FN_STAT_ABS_SUM>(p, stream);
+    case FN_STAT_SQUARE_SUM: return run_passes<T, FN_STAT_SQUARE_SUM>(p, stream);
 #endif
     default: return FASTNORM_NOT_BUILT;
   }

@@ -23,10 +23,13 @@
 #define FASTNORM_WANT_STREAMED   // streamed_kernels.cuh
 #define FASTNORM_WANT_CHANNEL    // a non-trailing axis: channel_kernels.cuh, norm_cpu.cpp forward_channels
 #define FASTNORM_WANT_RESIDUAL   // the fused residual add of add_norm_forward: residual_rows.cuh
-// Paths of the normalization family: GroupNorm's chained sets (family_chain_kernel.cuh), and the p-norm
-// statistics (|x| and x^2 sums) of the multi-kernel path, which p_normalize alone uses.
-#define FASTNORM_WANT_GROUP_CHAIN
+// Forward paths of the normalization family: a block a set (family_set_kernels.cuh), the multi-kernel path
+// (family_kernels.cuh) and its p-norm statistics (|x| and x^2 sums, p_normalize's alone), GroupNorm's
+// chained sets (family_chain_kernel.cuh).
+#define FASTNORM_WANT_FAMILY_SETS
+#define FASTNORM_WANT_FAMILY_PASSES
 #define FASTNORM_WANT_P_NORM
+#define FASTNORM_WANT_GROUP_CHAIN
 #endif
 
 // What a call answers when its dtype or kernel family was left out of the build (the solver looks for

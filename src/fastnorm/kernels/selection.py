@@ -13,20 +13,18 @@ FAMILY_FUNCTIONS = ("group_norm_forward", "batch_norm_forward", "p_normalize")
 # Input dtypes by torch name (str(torch.float32) without "torch.") -> the code of their guard.
 DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
 # norm_forward's kernel families (planner.cuh), in the planner's order of preference; the CPU kernels
-# have "row" (last-dim rows) and "channel" (a non-trailing axis) only. "group_chain" is group_norm_forward's
-# kernel for sets of 256 KB - 16 MB (family_chain_kernel.cuh); without it those calls take the family's
-# multi-kernel path (KernelBench's GroupNorm: 7.41 ms against 6.65, H100).
+# have "row" (last-dim rows) and "channel" (a non-trailing axis) only. Then the CUDA forward paths of the
+# normalization family (family.cu): "family_sets" (a block a set), "family_passes" (the multi-kernel path) and
+# "group_chain" (group_norm_forward's chained sets of 256 KB - 16 MB).
 FAMILIES = {
     "cuda": ("resident", "streamed", "cluster", "few_rows", "offset_rows", "split", "split_uncached", "row", "channel", "residual",
-             "group_chain"),
+             "family_sets", "family_passes", "group_chain"),
     "cpu": ("row", "channel"),
 }
 
 
-# The fused residual add serves add_norm_forward, which no solution binds: never selected. Nor is the
-# chained GroupNorm kernel: its 8 KB would take a GroupNorm file past the solver's 40 KB, unless the file
-# also left out the multi-kernel path that the traced shapes do not take (not done yet).
-_NEVER_CALLED = frozenset({"residual", "group_chain"})
+# The fused residual add serves add_norm_forward, which no solution binds: never selected.
+_NEVER_CALLED = frozenset({"residual"})
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ class ExtensionCall:
     param_dtype: Optional[str]    # of weight / bias, None without
     begin: int = 0                # norm_forward, p_normalize: the normalized dims [begin, end)
     end: int = 0
+    groups: int = 0               # group_norm_forward
 
     @property
     def outer(self) -> int:
@@ -52,10 +53,10 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def _record(self, function, x, weight=None, bias=None, begin=0, end=0):
+    def _record(self, function, x, weight=None, bias=None, begin=0, end=0, groups=0):
         params = next((t for t in (weight, bias) if t is not None), None)
         call = ExtensionCall(function, tuple(x.shape), _name(x.dtype), _name(params.dtype) if params is not None
-                             else None, int(begin), int(end))
+                             else None, int(begin), int(end), int(groups))
         if call not in self.calls:
             self.calls.append(call)
 
@@ -68,7 +69,7 @@ class _Recorder:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
     def group_norm_forward(self, x, weight, bias, groups, eps, activation=0):
-        self._record("group_norm_forward", x, weight, bias)
+        self._record("group_norm_forward", x, weight, bias, groups=groups)
         return [torch.empty(x.shape, dtype=x.dtype, device=x.device), self._stats(x, x.shape[0], groups),
                 self._stats(x, x.shape[0], groups)]
 

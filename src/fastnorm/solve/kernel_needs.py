@@ -8,7 +8,7 @@ planner ignores for these shapes (threads for the resident kernel), or one that 
 family left out, is not timed.
 """
 from fastnorm.kernels.selection import DTYPES, FUNCTIONS, KernelSelection
-from fastnorm.solve.planner_rules import CudaDevice, launch_key, norm_family
+from fastnorm.solve.planner_rules import CudaDevice, family_paths, launch_key, norm_family
 
 
 def selection_for(calls: list, device_type: str, dev: CudaDevice = CudaDevice(), fallback_functions=FUNCTIONS):
@@ -19,6 +19,7 @@ def selection_for(calls: list, device_type: str, dev: CudaDevice = CudaDevice(),
     functions = tuple(f for f in FUNCTIONS if any(c.function == f for c in calls))
     dtypes = frozenset(DTYPES[c.dtype] for c in calls)
     families = frozenset(norm_family(c, device_type, dev) for c in calls if c.function == "norm_forward")
+    families |= frozenset(path for c in calls for path in family_paths(c, device_type, dev))
     return KernelSelection(device_type, functions, dtypes, families)
 
 

@@ -7,6 +7,7 @@ kernel fits). If it is wrong, the built planner skips the missing family and the
 order takes the call, or the call answers "not in this build" and the solver rebuilds with every
 family (solver.py). Keep the constants and rules in step with the .cuh files named below.
 """
+import math
 from dataclasses import dataclass
 
 from fastnorm.solve.extension_calls import ExtensionCall
@@ -208,3 +209,59 @@ def launch_key(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevi
     if family in ("split", "split_uncached"):
         return family, threads_hint(threads, 32) or MAX_ROW_THREADS, wanted_blocks_per_row(call, dev, blocks_per_row)
     return (family,)
+
+
+SET_MAX_BYTES = 1 << 20          # family_set_kernels.cuh set_max_bytes
+SET_WARPS = 32                   # family_set_kernels.cuh kWarps
+CHAIN_MIN_BYTES = 256 << 10      # family_chain_kernel.cuh chain_plan
+CHAIN_MAX_BYTES = 16 << 20
+LONG_ROW = 2048                  # family_kernels.cuh kLongRow
+
+
+def _family_dims(call: ExtensionCall) -> tuple:
+    n, channels = call.shape[0], call.shape[1] if len(call.shape) > 1 else 1
+    return n, channels, math.prod(call.shape[2:])
+
+
+def _set_path_takes(call: ExtensionCall, dev: CudaDevice, batch: bool) -> bool:
+    """family_set_kernels.cuh set_forward_plan / set_path_ok: a block a set (x contiguous and aligned)."""
+    size = elem_size(call.dtype)
+    n, channels, spatial = _family_dims(call)
+    groups = channels if batch else call.groups
+    if groups <= 0 or spatial == 0:
+        return False
+    runs, sets, vec = (n, channels, 16 // size) if batch else (channels // groups, n * groups, 16 // size)
+    if spatial % vec or 4 * sets < 3 * dev.sms or runs * spatial * size > SET_MAX_BYTES:
+        return False
+    vecs, want = spatial // vec, _ceil(SET_WARPS, max(runs, 1))
+    segs = want if want < vecs else max(vecs, 1)
+    return 2 * runs * segs * 8 <= 32 * 1024
+
+
+def group_chain_takes(call: ExtensionCall, dev: CudaDevice) -> bool:
+    """family_chain_kernel.cuh chain_plan, for a contiguous input and the tuning variables unset."""
+    if call.function != "group_norm_forward" or len(call.shape) < 3 or call.groups <= 0:
+        return False
+    size = elem_size(call.dtype)
+    _, channels, spatial = _family_dims(call)
+    set_bytes = channels // call.groups * spatial * size
+    if spatial < LONG_ROW or spatial % (16 // size) or not CHAIN_MIN_BYTES <= set_bytes <= CHAIN_MAX_BYTES:
+        return False
+    return not _set_path_takes(call, dev, batch=False)
+
+
+def family_paths(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevice()) -> frozenset:
+    """The family.cu forward paths a group_norm_forward / batch_norm_forward / p_normalize call may take on
+    CUDA: "group_chain", "family_sets" (a block a set), "family_passes" (the multi-kernel path). BatchNorm and
+    the p-norms keep the multi-kernel path always: BatchNorm's eval calls (running statistics) take it and
+    record the same as its training calls, and p_normalize's rows kernel has an entry of its own."""
+    if device_type != "cuda" or call.function not in ("group_norm_forward", "batch_norm_forward", "p_normalize"):
+        return frozenset()
+    if call.function == "p_normalize":
+        return frozenset({"family_passes"})
+    if call.function == "batch_norm_forward":
+        return frozenset({"family_passes"} | ({"family_sets"} if _set_path_takes(call, dev, batch=True) else set()))
+    if group_chain_takes(call, dev):
+        return frozenset({"group_chain"})
+    return frozenset({"family_sets" if _set_path_takes(call, dev, batch=False) else "family_passes"})
+
