@@ -402,8 +402,9 @@ __global__ void __launch_bounds__(sets::kThreads, 1) set_backward_kernel(FamilyB
 }
 
 // GroupNorm sets of 256 KB to 16 MB of x and dy on planes of 16K elements or more (past the set path),
-// without SiLU (whose float32 instance spilled: the division of its sigmoid is a call): each piece has two
-// tickets (family_chain_kernel.cuh), its sums and, lag pieces later, its dx. The last sums of a set make
+// without SiLU (whose float32 instance spills 28 bytes with a 24-byte stack frame; not the sigmoid's
+// division, a reciprocal intrinsic there spilled the same): each piece has two tickets
+// (family_chain_kernel.cuh), its sums and, lag pieces later, its dx. The last sums of a set make
 // the set's (kx, k0) as finalize_kernel does (the set's pieces in a fixed order over a block's threads) and
 // raise its flag; dweight and dbias come after, from finalize_kernel over the same piece sums. H100
 // (benchmarks/group_norm_paths.py --backward): 1.03-1.04x the plane kernels on sets of 4-8 MB (KernelBench's
