@@ -54,14 +54,14 @@ static inline Plan plan_of(const FamilyBackwardParams& p) {
 template <typename A>
 static inline int64_t workspace_bytes(const Plan& pl) {
   return align16(2 * pl.pieces * int64_t(sizeof(A))) + align16(2 * pl.sets * int64_t(sizeof(A))) +
-         (1 + 2 * pl.sets) * 4;
+         chain::chain_counter_bytes(pl.sets);
 }
 
 template <typename A>
 struct Scratch {
   A* sums;   // (sum g, sum g u) per piece, pieces of a plane together
   A* set_k;  // (kx, k0) per set
-  unsigned* counters;  // chain_backward_kernel's ticket counter, then per set its arrivals and flag
+  unsigned* counters;  // chain_backward_kernel's (family_chain_kernel.cuh chain_counter_bytes)
 };
 
 template <typename A>
@@ -433,21 +433,15 @@ template <typename T, typename A = typename AccOf<T>::type>
 __global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackwardParams p, Plan pl, ChainTickets ct,
                                                                   Scratch<A> ws) {
   constexpr int kAct = FN_ACT_NONE;
-  __shared__ unsigned ticket;
-  __shared__ bool last;
   __shared__ A smem[2 * 32];
   __shared__ double red[2 * 32];
-  __shared__ A k[2];
-  if (threadIdx.x == 0) ticket = atomicAdd(ws.counters, 1u);
-  __syncthreads();
   int64_t index;
-  const bool out = chain::decode_ticket(pl.pieces, ct.lag, ticket, index);
+  const bool out = chain::decode_ticket(pl.pieces, ct.lag, chain::take_ticket(ws.counters), index);
   const Piece q = piece_at(p, pl, index);
   const PlaneTerms<A> t = plane_terms<A, kAct>(p, q.plane);
   const int64_t first = q.plane * p.spatial + q.lo;
   const T* x = static_cast<const T*>(p.x) + first;
   const T* dy = static_cast<const T*>(p.dy) + first;
-  unsigned* flag = ws.counters + 1 + pl.sets + t.set;
   if (!out) {
     A s[2] = {A(0), A(0)};
     walk<T, false>(x, dy, static_cast<T*>(nullptr), q.len, q.lane, q.lanes, [&](A xv, A dyv) {
@@ -460,12 +454,8 @@ __global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackward
     if (threadIdx.x == 0) {
       ws.sums[2 * index] = s[0];
       ws.sums[2 * index + 1] = s[1];
-      __threadfence();
-      last = atomicAdd(ws.counters + 1 + t.set, 1u) == unsigned(ct.per_set - 1);
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!chain::arrive_last(ws.counters, t.set, ct.per_set)) return;
     // The set's planes are set * per_group on (GroupNorm: n * C + g * per_group), its pieces contiguous.
     const int64_t per_group = p.channels / p.groups, base = t.set * ct.per_set;
     double d[2] = {0.0, 0.0};
@@ -480,18 +470,12 @@ __global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackward
       const double rstd = double(rstd_of<A>(p, t.set)), m = double(per_group) * double(p.spatial);
       ws.set_k[2 * t.set] = A(-rstd * rstd * rstd * d[1] / m);
       ws.set_k[2 * t.set + 1] = A(-rstd * d[0] / m);
-      __threadfence();
-      store_release(flag, 1u);
+      chain::raise_flag(ws.counters, pl.sets, t.set);
     }
     return;
   }
-  if (threadIdx.x == 0) {
-    while (load_acquire(flag) == 0) __nanosleep(100);
-    k[0] = __ldcg(ws.set_k + 2 * t.set);
-    k[1] = __ldcg(ws.set_k + 2 * t.set + 1);
-  }
-  __syncthreads();
-  const A kx = k[0], k0 = k[1];
+  chain::wait_flag(ws.counters, pl.sets, t.set);
+  const A kx = __ldcg(ws.set_k + 2 * t.set), k0 = __ldcg(ws.set_k + 2 * t.set + 1);
   walk<T, true, true>(x, dy, static_cast<T*>(p.dx) + first, q.len, q.lane, q.lanes, [&](A xv, A dyv) {
     const A u = xv - t.mean;
     return fma(t.scale, grad_in<kAct>(dyv, u, t), fma(kx, u, k0));
@@ -534,7 +518,7 @@ static const char* run_backward(const FamilyBackwardParams& p, cudaStream_t stre
   }
   const ChainTickets ct = chain_tickets<T>(p, pl);
   if (ct.per_set > 0) {
-    cudaMemsetAsync(ws.counters, 0, (1 + 2 * pl.sets) * 4, stream);
+    chain::clear_chain_counters(ws.counters, pl.sets, stream);
     chain_backward_kernel<T><<<unsigned(2 * pl.pieces), kThreads, 0, stream>>>(p, pl, ct, ws);
     launch_finalize<A>(p, pl, ws, false, channel_terms, stream);
     return launch_result(cudaGetLastError());

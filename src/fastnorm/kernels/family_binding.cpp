@@ -92,17 +92,22 @@ void set_affine(FamilyCall& c, const c10::optional<at::Tensor>& weight, const c1
   c.p.bias = c.b.defined() ? c.b.data_ptr() : nullptr;
 }
 
+#ifdef FASTNORM_CUDA
+// CUDA scratch of `bytes` for the call's kernels (none for 0), alive as long as the returned tensor.
+at::Tensor attach_workspace(FamilyCall& c, int64_t bytes) {
+  if (bytes == 0) return at::Tensor();
+  at::Tensor workspace = at::empty({bytes}, c.x.options().dtype(at::kByte));
+  c.p.workspace = workspace.data_ptr();
+  c.p.workspace_bytes = bytes;
+  return workspace;
+}
+#endif
+
 void run_family(FamilyCall& c) {
   if (c.p.numel == 0) return;
 #ifdef FASTNORM_CUDA
   const c10::cuda::OptionalCUDAGuard guard(c.x.device());
-  at::Tensor workspace;
-  const int64_t bytes = fastnorm_cuda_family_workspace_bytes(c.p);
-  if (bytes > 0) {
-    workspace = at::empty({bytes}, c.x.options().dtype(at::kByte));
-    c.p.workspace = workspace.data_ptr();
-    c.p.workspace_bytes = bytes;
-  }
+  const at::Tensor workspace = attach_workspace(c, fastnorm_cuda_family_workspace_bytes(c.p));
   const char* err = fastnorm_cuda_family(c.p, c10::cuda::getCurrentCUDAStream().stream());
 #else
   const char* err = fastnorm_cpu_family(c.p);
@@ -120,9 +125,7 @@ bool run_group_chain(FamilyCall& c) {
   int64_t bytes = 0;
   fastnorm_cuda_group_chain(c.p, stream, &bytes);
   if (bytes == 0) return false;
-  const at::Tensor workspace = at::empty({bytes}, c.x.options().dtype(at::kByte));
-  c.p.workspace = workspace.data_ptr();
-  c.p.workspace_bytes = bytes;
+  const at::Tensor workspace = attach_workspace(c, bytes);
   const char* err = fastnorm_cuda_group_chain(c.p, stream, &bytes);
   TORCH_CHECK(err == nullptr, "fastnorm kernel failed: ", err);
   return true;

@@ -35,6 +35,49 @@ struct ChainWorkspace {
   double* set_stats;
 };
 
+// A chained launch's counters: the ticket counter, then per set its arrivals and its flag, zeroed before
+// each launch. Both chained kernels (this one, family_backward.cuh's) meet through the helpers below.
+static inline int64_t chain_counter_bytes(int64_t sets) { return (1 + 2 * sets) * 4; }
+
+static inline void clear_chain_counters(unsigned* counters, int64_t sets, cudaStream_t stream) {
+  cudaMemsetAsync(counters, 0, chain_counter_bytes(sets), stream);
+}
+
+// The block's ticket, taken by thread 0 in the order blocks start; every thread gets it.
+__device__ __forceinline__ unsigned take_ticket(unsigned* counters) {
+  __shared__ unsigned ticket;
+  if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);
+  __syncthreads();
+  return ticket;
+}
+
+// After thread 0 wrote the block's partial: the block arrives at its set, and learns (every thread) whether
+// it is the last of the set's `count`, which then sees every partial.
+__device__ __forceinline__ bool arrive_last(unsigned* counters, int64_t set, int64_t count) {
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(counters + 1 + set, 1u) == unsigned(count - 1);
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// Thread 0 of the set's last block, once the set's results are written: outputs may go.
+__device__ __forceinline__ void raise_flag(unsigned* counters, int64_t sets, int64_t set) {
+  __threadfence();
+  store_release(counters + 1 + sets + set, 1u);
+}
+
+// The block waits (thread 0 polls) until the set's flag is raised; its results are then visible to all.
+__device__ __forceinline__ void wait_flag(const unsigned* counters, int64_t sets, int64_t set) {
+  if (threadIdx.x == 0) {
+    while (load_acquire(counters + 1 + sets + set) == 0) __nanosleep(100);
+  }
+  __syncthreads();
+}
+
 // Ticket t of 2 * total (chunk k, output?): the first lag chunks' statistics, then the statistics of chunk
 // k + lag and the output of chunk k in turn, then the last lag chunks' outputs. An output waits for its set's
 // statistics, whose tickets all come before its own when lag >= a set's chunks.
@@ -82,7 +125,7 @@ static ChainPlan chain_plan(const FamilyParams& p) {
 }
 
 static inline int64_t chain_workspace_bytes(const ChainPlan& cp, int64_t acc_size) {
-  return align16((1 + 2 * cp.sets) * 4) + align16(cp.sets * cp.chunks * 2 * acc_size) + cp.sets * 16;
+  return align16(chain_counter_bytes(cp.sets)) + align16(cp.sets * cp.chunks * 2 * acc_size) + cp.sets * 16;
 }
 
 template <typename A>
@@ -90,7 +133,7 @@ static ChainWorkspace<A> chain_workspace(const FamilyParams& p, const ChainPlan&
   char* base = static_cast<char*>(p.workspace);
   ChainWorkspace<A> ws;
   ws.counters = reinterpret_cast<unsigned*>(base);
-  base += align16((1 + 2 * cp.sets) * 4);
+  base += align16(chain_counter_bytes(cp.sets));
   ws.partials = reinterpret_cast<A*>(base);
   ws.set_stats = reinterpret_cast<double*>(base + align16(cp.sets * cp.chunks * 2 * int64_t(sizeof(A))));
   return ws;
@@ -100,19 +143,14 @@ template <typename T, int kAct, typename A = typename AccOf<T>::type>
 __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPlan cp, ChainWorkspace<A> ws) {
   constexpr int V = 16 / sizeof(T);
   constexpr int kRuns = 16;  // channels a chunk may span: chunk / kLongRow + 2 at most
-  __shared__ unsigned ticket;
-  __shared__ bool last;
   __shared__ A red[2 * 32];
   __shared__ double dred[2 * 32];
   __shared__ A coef[3][kRuns];
-  if (threadIdx.x == 0) ticket = atomicAdd(ws.counters, 1u);
-  __syncthreads();
   int64_t k;
-  const bool out = decode_ticket(cp.sets * cp.chunks, cp.lag, ticket, k);
+  const bool out = decode_ticket(cp.sets * cp.chunks, cp.lag, take_ticket(ws.counters), k);
   const int64_t set = k / cp.chunks, j = k % cp.chunks;
   const T* x = static_cast<const T*>(p.x) + set * cp.set_len;
   const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
-  unsigned* flag = ws.counters + 1 + cp.sets + set;
   if (!out) {
     const A shift = to_acc(x[0]);  // sums about the set's first value: exact enough at x + 1000
     const int64_t hi = min((j + 1) * cp.chunk, cp.set_len) / V;
@@ -128,12 +166,8 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
     if (threadIdx.x == 0) {
       ws.partials[2 * (set * cp.chunks + j)] = s[0];
       ws.partials[2 * (set * cp.chunks + j) + 1] = s[1];
-      __threadfence();
-      last = atomicAdd(ws.counters + 1 + set, 1u) == unsigned(cp.chunks - 1);
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!arrive_last(ws.counters, set, cp.chunks)) return;
     double d[2] = {0.0, 0.0};
     for (int64_t c = threadIdx.x; c < cp.chunks; c += kThreads) {
       d[0] += double(__ldcg(ws.partials + 2 * (set * cp.chunks + c)));
@@ -148,17 +182,13 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
       static_cast<A*>(p.var)[set] = A(var);
       ws.set_stats[2 * set] = double(shift) + mean_rel;
       ws.set_stats[2 * set + 1] = 1.0 / sqrt(var + p.eps);
-      __threadfence();
-      store_release(flag, 1u);
+      raise_flag(ws.counters, cp.sets, set);
     }
     return;
   }
   const int64_t lo = j * cp.chunk, hi = min(lo + cp.chunk, cp.set_len);
   const int64_t run0 = lo / cp.spatial;
-  if (threadIdx.x == 0) {
-    while (load_acquire(flag) == 0) __nanosleep(100);
-  }
-  __syncthreads();
+  wait_flag(ws.counters, cp.sets, set);
   // (center, scale, offset) of the chunk's channels, as coefficients_kernel makes them.
   if (threadIdx.x <= (hi - 1) / cp.spatial - run0) {
     const double mean = __ldcg(ws.set_stats + 2 * set), rstd = __ldcg(ws.set_stats + 2 * set + 1);
@@ -189,7 +219,7 @@ static const char* run_chain(const FamilyParams& p, const ChainPlan& cp, cudaStr
   using A = typename AccOf<T>::type;
   if (p.workspace_bytes < chain_workspace_bytes(cp, sizeof(A))) return "family workspace too small";
   const ChainWorkspace<A> ws = chain_workspace<A>(p, cp);
-  cudaMemsetAsync(ws.counters, 0, (1 + 2 * cp.sets) * 4, stream);
+  clear_chain_counters(ws.counters, cp.sets, stream);
   const unsigned blocks = unsigned(2 * cp.sets * cp.chunks);
   if (p.activation == FN_ACT_SILU) {
     chain_kernel<T, FN_ACT_SILU><<<blocks, kThreads, 0, stream>>>(p, cp, ws);
