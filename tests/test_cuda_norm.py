@@ -128,6 +128,28 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
         check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
 
 
+WARP_ROW_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)  # kWarpRowKs (offset_rows_kernel.cuh)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rms", [False, True])
+def test_warp_rows_at_every_width(dtype, rms, monkeypatch):
+    """The warp-row kernel (forced) at the limit of each instance (K elements a lane of a row) and one past
+    it, on 1001 rows of a view one element in: R rows a warp at once (8 at K = 1 down to 1 from K = 8), the
+    last warp's rows partial; every parameter case; float32 LayerNorm also at x + 1000."""
+    monkeypatch.setenv("FASTNORM_OFFSET_ROWS", "warp")
+    for n in sorted({w for k in WARP_ROW_KS for w in (32 * k, 32 * k + 1) if w <= 1024}):
+        base = make((1001, n + 1), dtype, "randn", seed=n)
+        x = base[:, 1:]
+        w, b = params((n,), dtype, True, n)
+        for w_, b_ in [(w, b), (None, None), (w, None)]:
+            b_ = None if rms else b_
+            check(run_op(x, 1, 2, w_, b_, 1e-5, rms), reference(x, 1, 2, w_, b_, 1e-5, rms), dtype, x)
+        if dtype == torch.float32 and not rms:
+            x = (base + 1000.0)[:, 1:]
+            check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [33, 1000, 1025, 4744, 8189, 8190, 12001, 16377, 16382, 25000, 26000, 32761, 32762])
 @pytest.mark.parametrize("offset", [1, 3])

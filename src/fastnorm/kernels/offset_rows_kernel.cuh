@@ -1,8 +1,8 @@
 // The kernels of the rows the vector kernels cannot take: odd n, or row starts off a 16-byte boundary
 // (100000x257, x[:, 1:]). Three, by row length and call size (offset_rows_chunked says which):
 //
-// Chunked rows (offset_rows_kernel), rows of 1025 and more, and calls of at most 24 MB whose rows
-// have 128+ elements: a group of `tpr` threads a row (4-512, a power of two), the row in registers.
+// Chunked rows (offset_rows_kernel), rows of 1025 and more, and calls whose rows have 128+ elements
+// of at most 24 MB (4- and 8-byte types) or fewer than 16 rows an SM (2-byte types): a group of `tpr` threads a row (4-512, a power of two), the row in registers.
 // Loads and stores stay 16 bytes wide at any offset: the group works in the aligned 16-byte chunks
 // of y that cover the row, the first and last partly outside it (bytes of the same 16-byte granule
 // as the row's own, so inside its allocation), and masks the elements outside. Where x's rows start
@@ -15,10 +15,10 @@
 // LN 12.7 us against Liger's 7.9, bf16 11231x1997 LN 122.9 -> 49.2 us with it) and fp32 4096x771 LN
 // 26.1 us (-> 15.1).
 //
-// Warp rows (warp_rows_kernel), the other rows of 32-1024: a warp a row, the row in registers: lane l
-// holds elements l, l + 32, ... (each load instruction of the warp reads consecutive elements, so
-// plain scalar loads coalesce), all of its loads in flight before the first use, and the statistics
-// meet in warp shuffles. On large calls of short rows it was faster than the chunked kernel (bf16
+// Warp rows (warp_rows_kernel), the other rows of 32-1024: a warp a row (rows of up to 224 elements:
+// 2-8 rows at once), the rows in registers: lane l holds elements l, l + 32, ... (each load instruction
+// of the warp reads consecutive elements, so plain scalar loads coalesce), all of its loads in flight
+// before the first use, and the statistics meet in warp shuffles. On large calls of short rows it was faster than the chunked kernel (bf16
 // 100000x257 LN 67 against 80 us; fp32 248320x59, x misaligned, 56 against 111; benchmarks/NOTES.md).
 //
 // Rows of fewer than 32 elements (1000000x1, 500000x7): a thread a row (thread_rows_kernel below).
@@ -260,63 +260,126 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
 constexpr int kWarpRowThreads = 256;
 constexpr int kWarpRowMaxK = 32;  // elements a lane holds: rows of up to 32 x 32 = 1024 elements
 
-// The sum over the warp, every lane getting it (group_sums of one value, shuffles only).
-template <typename A>
-__device__ __forceinline__ A warp_sum(A v) {
-  A sum[1] = {v};
-  group_sums(sum, 32, static_cast<A*>(nullptr));
-  return sum[0];
+// Elements a lane holds a row (n <= 32 * K), in steps of at most a quarter: K rounded up to a power of two
+// held 16 a lane for rows of 257 (9 used), 63 registers, 4 blocks an SM (bf16 100000x257 LN 64.7 us,
+// 54.0 at K = 10; H100).
+constexpr int kWarpRowKs[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32};
+constexpr int kWarpRowKCount = int(sizeof(kWarpRowKs) / sizeof(int));
+
+// Rows a warp takes at once: about 8 elements a lane, all loaded before the first use. One row at a time,
+// a warp of 32-element fp32 rows had one 128-byte load in flight (669317x32 LN at 60% of copy: 94.6 us,
+// 77.9 with 8 rows; 394263x58 at an offset 84.0 -> 72.2; H100).
+constexpr int warp_rows_at_once(int k) { return k >= 8 ? 1 : (8 + k - 1) / k; }
+
+// The sum over the warp of each of R values, every lane getting them (shuffles only, the R trees interleaved).
+template <int R, typename A>
+__device__ __forceinline__ void warp_sums(A (&v)[R]) {
+  group_sums(v, 32, static_cast<A*>(nullptr));
 }
 
-// K: elements a lane holds (rows of 32 * K / 2 < n <= 32 * K elements). Statistics about the row's
-// first element (LayerNorm): sums of x - shift give the mean, then the centered sum of squares.
-template <typename T, typename W, int K>
-__global__ void __launch_bounds__(kWarpRowThreads) warp_rows_kernel(RowArgs<T, W> a) {
+// K: elements a lane holds of each of the R rows it takes at once (lane l: elements l, l + 32, ...).
+// LayerNorm's statistics are about each row's first element: sums of x - shift give the mean, then the
+// centered sum of squares.
+template <typename T, typename W, int K, int R>
+__global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_kernel(RowArgs<T, W> a) {
   using A = typename AccOf<T>::type;
   const int lane = threadIdx.x & 31;
   const int warps_per_block = blockDim.x >> 5;
   const int n = int(a.n);
   const A inv_n = A(1) / A(n);
   const bool rms = a.rms;
-  for (int64_t row = int64_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5); row < a.rows;
-       row += int64_t(gridDim.x) * warps_per_block) {
-    const T* xr = a.x + row * a.x_stride;
-    A v[K];
+  const int64_t step = int64_t(gridDim.x) * warps_per_block * R;
+  for (int64_t first = (int64_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5)) * R; first < a.rows;
+       first += step) {
+    // The loads as they come (2-byte values too): all of them before the first conversion. A conversion
+    // beside each guarded load made them wait in turn (fp16 1000000x64 LN: 223 against 137 us, H100).
+    // One element a lane: unguarded, the index clamped into the row (fp32 669317x32 LN 84.5 -> 77.9 us).
+    constexpr bool kClamp = K == 1;
+    T raw[R][K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int j = lane + 32 * k;
-      v[k] = j < n ? A(to_acc(xr[j])) : A(0);
-    }
-    const A shift = rms ? A(0) : A(to_acc(xr[0]));
-    A s = A(0);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (lane + 32 * k < n) s += rms ? v[k] * v[k] : v[k] - shift;
-    }
-    s = warp_sum(s);
-    Affine<A> st;
-    if (rms) {
-      st = affine_of(A(0), A(0), s * inv_n, a.eps, true);
-    } else {
-      const A mean_rel = s * inv_n;
-      A q = A(0);
+    for (int r = 0; r < R; ++r) {
+      const bool active = first + r < a.rows;
+      const T* xr = a.x + (active ? first + r : first) * a.x_stride;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        const A d = (v[k] - shift) - mean_rel;
-        if (lane + 32 * k < n) q = fma(d, d, q);
+        const int j = lane + 32 * k;
+        if constexpr (kClamp) {
+          raw[r][k] = xr[j < n ? j : n - 1];
+        } else {
+          raw[r][k] = active && j < n ? xr[j] : from_acc<T>(A(0));
+        }
       }
-      st = affine_of(shift, mean_rel, warp_sum(q) * inv_n, a.eps, false);
     }
-    if (a.stats && lane == 0) save_affine(a.stats, row, st);
-    T* yr = a.y + row * int64_t(n);
+    // Rows of 1, 3 or 4 elements a lane: their parameters too, so that no load waits behind the stores
+    // (fp32 300000x95 LN 87.7 -> 84.3 us); at 2 elements (4 rows at once) the registers cost more than
+    // that gains (fp32 394263x58 LN 72.2 against 76.5, fp16 1000000x64 137 against 148).
+    constexpr bool kEarlyParams = K == 1 || K == 3 || K == 4;
+    W w_raw[kEarlyParams ? K : 1], b_raw[kEarlyParams ? K : 1];
+    if constexpr (kEarlyParams) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int j = lane + 32 * k < n ? lane + 32 * k : n - 1;
+        if (a.w) w_raw[k] = a.w[j];
+        if (a.b) b_raw[k] = a.b[j];
+      }
+    }
+    A v[R][K];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[r][k] = A(to_acc(raw[r][k]));
+    }
+    A shift[R], s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      shift[r] = rms ? A(0) : __shfl_sync(0xffffffffu, v[r][0], 0);
+      s[r] = A(0);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (lane + 32 * k < n) s[r] += rms ? v[r][k] * v[r][k] : v[r][k] - shift[r];
+      }
+    }
+    warp_sums(s);
+    Affine<A> st[R];
+    if (rms) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) st[r] = affine_of(A(0), A(0), s[r] * inv_n, a.eps, true);
+    } else {
+      A q[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        q[r] = A(0);
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          const A d = (v[r][k] - shift[r]) - s[r] * inv_n;
+          if (lane + 32 * k < n) q[r] = fma(d, d, q[r]);
+        }
+      }
+      warp_sums(q);
+#pragma unroll
+      for (int r = 0; r < R; ++r) st[r] = affine_of(shift[r], s[r] * inv_n, q[r] * inv_n, a.eps, false);
+    }
+    if (a.stats && lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (first + r < a.rows) save_affine(a.stats, first + r, st[r]);
+      }
+    }
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int j = lane + 32 * k;
-      if (j < n) {
-        A out = normalized(v[k], st);
-        if (a.w) out *= A(to_acc(a.w[j]));
-        if (a.b) out += A(to_acc(a.b[j]));
-        yr[j] = from_acc<T>(out);
+      if (j >= n) continue;
+      A wv = A(1), bv = A(0);  // a column's parameters serve the R rows
+      if constexpr (kEarlyParams) {
+        if (a.w) wv = A(to_acc(w_raw[k]));
+        if (a.b) bv = A(to_acc(b_raw[k]));
+      } else {
+        if (a.w) wv = A(to_acc(a.w[j]));
+        if (a.b) bv = A(to_acc(a.b[j]));
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (first + r < a.rows) a.y[(first + r) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k], st[r]), wv, bv));
       }
     }
   }
@@ -441,6 +504,7 @@ static inline bool offset_rows_shifted(const NormParams& p) {
 }
 
 constexpr int64_t kChunkedRowsBytes = 24 << 20;  // (offset_rows_chunked)
+constexpr int kChunkedRowsPerSm = 16;
 
 static inline bool offset_rows_take(const NormParams& p, int vec) {
   const char* env = std::getenv("FASTNORM_OFFSET_ROWS");
@@ -465,7 +529,12 @@ static inline bool offset_rows_chunked(const NormParams& p) {
   const char* env = std::getenv("FASTNORM_OFFSET_ROWS");
   if (env && env[0] == 'c') return true;
   if (env && env[0] == 'w') return false;
-  return p.n >= 128 && p.outer * p.n * elem_size(p.dtype) <= kChunkedRowsBytes;
+  if (p.n < 128) return false;
+  // 2-byte rows: the warp-row kernel once the SMs get 16 rows each (bf16 3000x513 at an offset 11.1 -> 10.1
+  // us, fp16 21309x257 RMS 21.3 -> 15.8; bf16 436x792 at an offset 5.9 against 10.0 on warps; H100). The
+  // others up to 24 MB on the chunked kernel (fp32 16654x270, 4713x257: level).
+  if (elem_size(p.dtype) == 2) return p.outer < int64_t(kChunkedRowsPerSm) * device_info().sms;
+  return p.outer * p.n * elem_size(p.dtype) <= kChunkedRowsBytes;
 }
 
 template <typename T, typename W, int K>
@@ -536,13 +605,22 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
   return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks)), dim3(threads), args, smem, stream));
 }
 
-template <typename T, typename W, int K>
-static inline const void* warp_rows_kernel_of(int64_t n) {
-  if constexpr (K > kWarpRowMaxK) {
+// The smallest K of kWarpRowKs that holds rows of n (0: none, n > 32 * kWarpRowMaxK).
+static inline int warp_rows_k(int64_t n) {
+  for (int k : kWarpRowKs) {
+    if (n <= 32 * k) return k;
+  }
+  return 0;
+}
+
+template <typename T, typename W, int I = 0>
+static inline const void* warp_rows_kernel_of(int k) {
+  if constexpr (I >= kWarpRowKCount) {
     return nullptr;
   } else {
-    if (n <= 32 * K) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K>);
-    return warp_rows_kernel_of<T, W, K * 2>(n);
+    constexpr int K = kWarpRowKs[I];
+    if (k == K) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K)>);
+    return warp_rows_kernel_of<T, W, I + 1>(k);
   }
 }
 
@@ -550,10 +628,14 @@ template <typename T, typename W>
 static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t stream) {
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 32, p.rms, p.stats};
-  const int warps_per_block = kWarpRowThreads / 32;
-  const int64_t blocks = (p.outer + warps_per_block - 1) / warps_per_block;
-  const int64_t cap = int64_t(device_info().sms) * 32;  // a few waves of resident blocks, then grid-stride
-  const void* kernel = warp_rows_kernel_of<T, W, 1>(p.n);
+  const int k = warp_rows_k(p.n);
+  const int64_t rows_per_block = int64_t(kWarpRowThreads / 32) * warp_rows_at_once(k);
+  const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
+  // Several rows a warp at once (K <= 4): a few waves of resident blocks, then grid-stride. Otherwise a
+  // block for every 8 rows: fp32 272747x257 RMS 211.3 us capped, 194.8 not (669317x32 LN, 8 rows a warp:
+  // 77.6 capped, 80.5 not; H100).
+  const int64_t cap = k <= 4 ? int64_t(device_info().sms) * 32 : blocks;
+  const void* kernel = warp_rows_kernel_of<T, W>(k);
   void* args[] = {&a};
   return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kWarpRowThreads),
                                         args, 0, stream));
