@@ -200,6 +200,43 @@ def test_what_torch_compile_sees(under_compile):
         assert fastnorm_ops == ["fastnorm.add_rms_norm", "fastnorm.rms_norm"]
 
 
+def _compiled_targets(model, inputs):
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    logits(torch.compile(model, backend=backend), inputs)
+    return sorted(targets)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_patched_model_compiles_to_the_unpatched_graph(family):
+    """under_compile="inductor": each patched norm traces the forward of the module it replaced (it still
+    holds the same Parameter objects and eps), so torch.compile sees the very ops of the unpatched model
+    and inductor fuses them alike. A norm whose eps or weight changed since patch traces fastnorm's
+    reference ops instead, with its own eps."""
+    model, _, inputs = build(family)
+    plain = _compiled_targets(model, inputs)
+    fastnorm.patch(model)
+    assert _compiled_targets(model, inputs) == plain
+    norm = model.model.norm
+    assert norm._original_forward() is not None
+    norm.eps = 1e-2  # the original still has its own eps: the reference ops with this one
+    assert norm._original_forward() is None
+    expected = logits(model, inputs)
+    torch._dynamo.reset()
+    _assert_close(logits(torch.compile(model), inputs), expected)
+    layer_norm = model.model.layers[0].input_layernorm
+    layer_norm.weight = nn.Parameter(layer_norm.weight.detach() * 2)  # no longer the original's weight
+    assert layer_norm._original_forward() is None
+    expected = logits(model, inputs)
+    torch._dynamo.reset()
+    _assert_close(logits(torch.compile(model), inputs), expected)
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma", "t5"])
 def test_bfloat16_model(family):
     model, _, inputs = build(family, dtype=torch.bfloat16)

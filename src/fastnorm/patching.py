@@ -28,12 +28,12 @@ from torch import nn
 from torch.func import functional_call
 
 from fastnorm import family_modules, loss_patching
-from fastnorm.modules import LayerNorm, RMSNorm, rms_norm_reference
+from fastnorm.modules import ORIGINAL as _ORIGINAL
+from fastnorm.modules import ORIGINAL_EPS, LayerNorm, RMSNorm, rms_norm_reference
 from fastnorm.ops.family_functional import group_norm
 from fastnorm.ops.functional import layer_norm, rms_norm
 
 _HALF = (torch.float16, torch.bfloat16)
-_ORIGINAL = "_fastnorm_original"  # attribute of a replacement: the module it stands in for
 _TORCH_RMS_NORM = getattr(nn, "RMSNorm", None)  # torch >= 2.4
 _EPS_NAMES = ("variance_epsilon", "eps")
 _FAMILY = {nn.BatchNorm1d: family_modules.BatchNorm1d, nn.BatchNorm2d: family_modules.BatchNorm2d,
@@ -103,6 +103,9 @@ class PatchedRMSNorm(RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._to_inductor(None):
+            original = self._original_forward()
+            if original is not None:
+                return original(x)
             return rms_norm_reference(x, self.normalized_shape, self.weight, self.eps, self.weight_offset,
                                       output_dtype(self.dtype_rule, x.dtype, self.weight.dtype))
         return rms_norm_variant(x, self.normalized_shape, self.weight, self.eps, self.weight_offset, self.dtype_rule)
@@ -190,6 +193,7 @@ def _adopt(new: nn.Module, original: nn.Module, names: Tuple[str, ...]) -> nn.Mo
         setattr(new, name, getattr(original, name))
     new.train(original.training)
     new.__dict__[_ORIGINAL] = original  # a plain attribute: not a submodule, not in state_dict
+    new.__dict__[ORIGINAL_EPS] = getattr(new, "eps", None)
     return new
 
 
