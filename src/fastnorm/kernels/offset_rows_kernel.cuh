@@ -2,7 +2,8 @@
 // (100000x257, x[:, 1:]). Three, by row length and call size (offset_rows_chunked says which):
 //
 // Chunked rows (offset_rows_kernel), rows of 1025 and more, and calls whose rows have 128+ elements
-// of at most 24 MB (4- and 8-byte types) or fewer than 16 rows an SM (2-byte types): a group of `tpr` threads a row (4-512, a power of two), the row in registers.
+// of at most 24 MB (4- and 8-byte types) or fewer than 16 rows an SM (2-byte types): a group of `tpr`
+// threads a row (4-512, a power of two), the row in registers.
 // Loads and stores stay 16 bytes wide at any offset: the group works in the aligned 16-byte chunks
 // of y that cover the row, the first and last partly outside it (bytes of the same 16-byte granule
 // as the row's own, so inside its allocation), and masks the elements outside. Where x's rows start
@@ -18,8 +19,9 @@
 // Warp rows (warp_rows_kernel), the other rows of 32-1024: a warp a row (rows of up to 224 elements:
 // 2-8 rows at once), the rows in registers: lane l holds elements l, l + 32, ... (each load instruction
 // of the warp reads consecutive elements, so plain scalar loads coalesce), all of its loads in flight
-// before the first use, and the statistics meet in warp shuffles. On large calls of short rows it was faster than the chunked kernel (bf16
-// 100000x257 LN 67 against 80 us; fp32 248320x59, x misaligned, 56 against 111; benchmarks/NOTES.md).
+// before the first use, and the statistics meet in warp shuffles. On large calls of short rows it was
+// faster than the chunked kernel (bf16 100000x257 LN 67 against 80 us; fp32 248320x59, x misaligned,
+// 56 against 111; benchmarks/NOTES.md).
 //
 // Rows of fewer than 32 elements (1000000x1, 500000x7): a thread a row (thread_rows_kernel below).
 #pragma once
