@@ -151,6 +151,28 @@ def test_warp_rows_at_every_width(dtype, rms, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 8, 31, 33, 257, 1429, 5000])
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_row_kernel_scalar_rows(n, dtype, offset, monkeypatch):
+    """The row kernel on scalar rows (FASTNORM_OFFSET_ROWS=0 leaves them all to it), which caches the 16-byte
+    granules that hold each row and reads the row at its offset in them: several rows a block (a barrier
+    pair a row), rows n apart from a view `offset` elements in (each row at another offset), the last block
+    partial; every parameter case, float32 LayerNorm also at x + 1000."""
+    monkeypatch.setenv("FASTNORM_OFFSET_ROWS", "0")
+    rows = 1003
+    flat = make((rows * n + offset,), dtype, "randn", seed=n + offset)
+    x = flat[offset:].view(rows, n)
+    w, b = params((n,), dtype, True, n)
+    for w_, b_ in [(w, b), (None, None), (w, None)]:
+        for rms in (False, True):
+            b2 = None if rms else b_
+            check(run_op(x, 1, 2, w_, b2, 1e-5, rms), reference(x, 1, 2, w_, b2, 1e-5, rms), dtype, x)
+    if dtype == torch.float32:
+        x = (flat + 1000.0)[offset:].view(rows, n)
+        check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [33, 1000, 1025, 4744, 8189, 8190, 12001, 16377, 16382, 25000, 26000, 32761, 32762])
 @pytest.mark.parametrize("offset", [1, 3])
 @pytest.mark.parametrize("rows", [400, 9])

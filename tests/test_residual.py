@@ -37,9 +37,10 @@ def call(x, r, weight, bias, eps, rms, residual_in_fp32=False):
     return fastnorm.layer_norm(x, x.shape[-1:], weight, bias, eps, residual=r, residual_in_fp32=residual_in_fp32)
 
 
-# Rows of the fused kernel (up to 1024 threads x 16 elements), an odd width (scalar path), and rows
-# longer than it fuses (added first).
-SHAPES = [(64, 1024), (33, 257), (7, 4096), (3, 16384), (2, 40000), (1, 8)]
+# Rows of the fused kernel (up to 1024 threads x 4 vectors: 2-byte rows of other than a power of two
+# vectors take 4 a thread, 5120 and 1000 in bf16, 24000 fused only in bf16), an odd width (scalar
+# path), and rows longer than it fuses (added first).
+SHAPES = [(64, 1024), (33, 257), (7, 4096), (3, 16384), (5, 5120), (9, 1000), (4, 24000), (2, 40000), (1, 8)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -184,6 +184,25 @@ __device__ __forceinline__ void cache_own_vectors(Vec<T, VEC>* cache, const Vec<
   }
 }
 
+// Scalar rows (VEC 1: odd n, or rows off a 16-byte boundary): the 16-byte granules of global memory
+// that hold the row's n elements are copied whole (cp.async, 16 bytes a copy: 2-byte rows took one
+// synchronous load an element, 4-byte rows one copy an element), element 0 landing at byte x & 15 of
+// the cache, whose first element it returns. The granules' bytes outside the row lie in the row's
+// allocation (allocations are 16-byte aligned). The group's threads share the granules, hence the
+// barriers: before (the previous row may still be read) and after. The whole block must call it.
+template <typename V, typename T>
+__device__ __forceinline__ V* cache_row_granules(V* cache, const T* x, int64_t n, int t, int tpr) {
+  const int off = int(reinterpret_cast<uintptr_t>(x) & 15);
+  const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(x) - off);
+  const int chunks = n > 0 ? int((off + n * int64_t(sizeof(T)) + 15) >> 4) : 0;
+  uint4* dst = reinterpret_cast<uint4*>(cache);
+  __syncthreads();
+  for (int c = t; c < chunks; c += tpr) cp_async<16, false>(dst + c, src + c);
+  cp_async_wait_all();
+  __syncthreads();
+  return reinterpret_cast<V*>(reinterpret_cast<char*>(cache) + off);
+}
+
 // Passes over a thread's cached vectors t + (k << sh), k < count, for the plain-sum statistics:
 // sum of x * scale (scale = 1 / n: a rough mean that cannot overflow near FLT_MAX), sum of x * x,
 // and the sums of d = x - c and d * d about a rough mean c.

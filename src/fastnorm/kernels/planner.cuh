@@ -169,8 +169,12 @@ static inline RowPlan plan_rows(const NormParams& p) {
     rows_per_block = threads / tpr;
     if (!fill || per_thread == 1 || (p.outer + rows_per_block - 1) / rows_per_block >= kRowFillBlocks * dev.sms) break;
   }
-  const int64_t cache_bytes = rows_per_block * nvec * int64_t(sizeof(V));
-  const int64_t cache_vec = cache_bytes <= kRowCacheBytes ? nvec : 0;
+  // Scalar rows cache the 16-byte granules that hold them (cache_row_granules): up to 30 bytes more,
+  // each row's cache 16-byte aligned.
+  constexpr int64_t kGranule = 16 / int64_t(sizeof(V));
+  const int64_t row_cache = VEC == 1 ? (nvec + 3 * kGranule - 1) / kGranule * kGranule : nvec;
+  const int64_t cache_bytes = rows_per_block * row_cache * int64_t(sizeof(V));
+  const int64_t cache_vec = cache_bytes <= kRowCacheBytes ? row_cache : 0;
   if (cache_vec) {
     static bool smem_allowed = false;
     if (!smem_allowed) {

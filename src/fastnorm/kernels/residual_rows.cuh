@@ -1,18 +1,22 @@
-// Fused residual add and norm for last-dim rows a block holds (up to 1024 threads x 16 elements,
-// 8 in float64): h = x + residual is rounded to its dtype, written once, and normalized from
-// registers: x and residual read once, h and y written once. A group of tpr threads takes a row,
-// each thread its vectors t, t + tpr, ... (at most K); statistics as the row kernel takes them (a
-// rough mean, then the corrected two-pass sums). Other calls are not fused (the caller adds first).
+// Fused residual add and norm for last-dim rows a block holds (up to 1024 threads x 4 vectors):
+// h = x + residual is rounded to its dtype, written once, and normalized from registers: x and
+// residual read once, h and y written once. A group of tpr threads takes a row, each thread its
+// vectors t, t + tpr, ... (at most K); statistics as the row kernel takes them (a rough mean, then
+// the corrected two-pass sums). Other calls are not fused (the caller adds first).
 #pragma once
+#include <algorithm>
+
 #include "cuda_launch.cuh"
 #include "cuda_rows.cuh"
 
 namespace fastnorm {
 
 constexpr int kResidualThreads = 1024;  // threads a row, at most
-template <typename T> constexpr int kResidualThreadElems = sizeof(T) == 8 ? 8 : 16;
+template <typename T> constexpr int kResidualThreadElems = sizeof(T) == 8 ? 8 : 16;  // by default
 
 // H: the dtype of residual and h (x's, or float32 to keep the residual stream in float32).
+// h stays in registers as stored (H, packed), widened in each pass: half the registers of float
+// copies in bf16, so more blocks an SM.
 template <typename T, typename H, typename W, int VEC, int K>
 __global__ void __launch_bounds__(kResidualThreads) residual_row_kernel(RowArgs<T, W> a, const H* __restrict__ res,
                                                                         H* __restrict__ h) {
@@ -29,29 +33,29 @@ __global__ void __launch_bounds__(kResidualThreads) residual_row_kernel(RowArgs<
   const VH* rv = reinterpret_cast<const VH*>(res + r0 * a.n);
   VH* hv_out = reinterpret_cast<VH*>(h + r0 * a.n);
   V xr[K];
-  VH rr[K];
+  VH hr[K];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (k < count) {
-      xr[k] = load_vec<true>(xv + t + (k << sh));
-      rr[k] = load_vec<true>(rv + t + (k << sh));
+      xr[k] = load_vec<false>(xv + t + (k << sh));
+      hr[k] = load_vec<false>(rv + t + (k << sh));
     }
   }
   const A inv_n = A(1) / A(a.n);
-  A hv[K][VEC];
   A total[1] = {A(0)};
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (k >= count) break;
-    A xs[VEC], rs[VEC];
+    A xs[VEC], hs[VEC];
     widen(xr[k].v, xs);
-    widen(rr[k].v, rs);
+    widen(hr[k].v, hs);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      hv[k][e] = A(to_acc(from_acc<H>(xs[e] + rs[e])));  // h as stored: the norm sees the rounded sum
-      total[0] = a.rms ? fma(hv[k][e], hv[k][e], total[0]) : fma(hv[k][e], inv_n, total[0]);
-    }
-    store_vec<false>(hv_out + t + (k << sh), pack<H>(hv[k]));
+    for (int e = 0; e < VEC; ++e) hs[e] += xs[e];
+    hr[k] = pack<H>(hs);
+    store_vec<false>(hv_out + t + (k << sh), hr[k]);
+    widen(hr[k].v, hs);  // the norm sees h as stored (rounded)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) total[0] = a.rms ? fma(hs[e], hs[e], total[0]) : fma(hs[e], inv_n, total[0]);
   }
   group_sums(total, tpr, sums[0]);
   Affine<A> st;
@@ -63,9 +67,11 @@ __global__ void __launch_bounds__(kResidualThreads) residual_row_kernel(RowArgs<
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       if (k >= count) break;
+      A hs[VEC];
+      widen(hr[k].v, hs);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const A d = hv[k][e] - c;
+        const A d = hs[e] - c;
         dev[0] += d;
         dev[1] = fma(d, d, dev[1]);
       }
@@ -82,9 +88,10 @@ __global__ void __launch_bounds__(kResidualThreads) residual_row_kernel(RowArgs<
     A wv[VEC], bv[VEC], out[VEC];
     if (a.w) load_params<false, VEC>(a.w + int64_t(i) * VEC, wv);
     if (a.b) load_params<false, VEC>(a.b + int64_t(i) * VEC, bv);
+    widen(hr[k].v, out);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      A v = a.rms ? hv[k][e] * st.rstd : normalized(hv[k][e], st);
+      A v = a.rms ? out[e] * st.rstd : normalized(out[e], st);
       if (a.w) v *= wv[e];
       if (a.b) v += bv[e];
       out[e] = v;
@@ -107,21 +114,21 @@ static inline const char* launch_residual_k(const NormParams& p, int tpr, cudaSt
 // The fused kernel for this call, or FASTNORM_RESIDUAL_NOT_FUSED.
 template <typename T, typename H, typename W, int VEC>
 static inline const char* launch_residual(const NormParams& p, cudaStream_t stream) {
-  constexpr int kMaxK = kResidualThreadElems<T> / VEC >= 4 ? 4 : kResidualThreadElems<T> / VEC >= 2 ? 2 : 1;
   const int64_t nvec = p.n / VEC;
-  const int tpr = pow2_at_least((nvec + kMaxK - 1) / kMaxK);
+  // At most kResidualThreadElems elements a thread; 2-byte rows of other than a power of two vectors
+  // take up to 4 vectors a thread (half the threads a row, twice the rows an SM in flight):
+  // bf16 8192x5120 118.7 -> 116.4 us, where rows of 2^k vectors gain nothing (H100, NOTES "residual").
+  const int def_k = kResidualThreadElems<T> / VEC >= 4 || (sizeof(H) == sizeof(T) && (nvec & (nvec - 1)) != 0) ? 4 : 2;
+  const int max_k = int(std::min<int64_t>(std::max<int64_t>(env_int("FASTNORM_RESIDUAL_VECS", def_k), 1), 4));
+  const int tpr = pow2_at_least((nvec + max_k - 1) / max_k);
   if (p.inner != 1 || tpr > kResidualThreads || !aligned16(p.residual) || !aligned16(p.h) ||
       p.n % VEC != 0) {
     return FASTNORM_RESIDUAL_NOT_FUSED;
   }
   const int k = pow2_at_least((nvec + tpr - 1) / tpr);
   if (k == 1) return launch_residual_k<T, H, W, VEC, 1>(p, tpr, stream);
-  if constexpr (kMaxK >= 2) {
-    if (k == 2) return launch_residual_k<T, H, W, VEC, 2>(p, tpr, stream);
-  }
-  if constexpr (kMaxK >= 4) {
-    if (k == 4) return launch_residual_k<T, H, W, VEC, 4>(p, tpr, stream);
-  }
+  if (k == 2) return launch_residual_k<T, H, W, VEC, 2>(p, tpr, stream);
+  if (k == 4) return launch_residual_k<T, H, W, VEC, 4>(p, tpr, stream);
   return FASTNORM_RESIDUAL_NOT_FUSED;
 }
 

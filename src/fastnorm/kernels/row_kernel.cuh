@@ -11,8 +11,8 @@ template <typename T, int VEC>
 constexpr int kUncachedRowBlocks = VEC == 1 && sizeof(T) == 2 ? 1 : MinBlocksOf<T>::value;
 
 // One row per group of `tpr` threads, blockDim / tpr rows per block; `cache_vec` vectors of shared
-// memory per row (0: no cache, x is read twice). With a.stats (training) each row's affine map is
-// saved for the backward.
+// memory per row (0: no cache, x is read twice; scalar rows cache the 16-byte granules that hold
+// them: cache_row_granules). With a.stats (training) each row's affine map is saved for the backward.
 // Cached rows take their statistics in passes over shared memory, each ending in one plain sum
 // over the group: the sum of x / n gives a rough mean c, then the corrected two-pass sums of d = x - c
 // and d * d give the variance and the exact mean (c plus a small correction), however far the
@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, 
   const bool rms = a.rms;
   const int64_t nvec = a.n / VEC;
   const A inv_n = A(1) / A(a.n);
-  V* cache = kCached ? reinterpret_cast<V*>(dyn_smem) + group * cache_vec : nullptr;
+  V* group_cache = kCached ? reinterpret_cast<V*>(dyn_smem) + group * cache_vec : nullptr;
   for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows;
        base += int64_t(gridDim.x) * rows_per_block) {
     const int64_t row = base + group;
@@ -43,7 +43,12 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, 
       // This thread's vectors: t + (k << sh) for k < count (a cached row holds at most kRowCacheBytes).
       const int m = active ? int(nvec) : 0;
       const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;
-      cache_own_vectors<false>(cache, xv, t, sh, count);
+      V* cache = group_cache;
+      if constexpr (VEC == 1) {
+        cache = cache_row_granules(group_cache, a.x + (active ? row : 0) * a.x_stride, m, t, tpr);
+      } else {
+        cache_own_vectors<false>(cache, xv, t, sh, count);
+      }
       A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_n)};
       group_sums(total, tpr, sums[buf]);
       buf ^= 1;
