@@ -158,7 +158,12 @@ static inline RowPlan plan_rows(const NormParams& p) {
   // many or a thread has one (FASTNORM_ROW_FILL=0 keeps 4, for measurements). H100: 3-18% faster on 16
   // of 18 calls of 200-1071 rows (fp32 246x1024 LN 6.62 -> 5.95 us), 2% slower on bf16 1071x768
   // (results/h100-row-fill.txt).
+  // Scalar rows (VEC 1) take 16 elements a thread (FASTNORM_ROW_SCALAR_ELEMS, read at each call, for A/B
+  // runs): at 4, rows of 1025-4096 fp32 took 512 threads of 2-8 elements, a block reduction over 16 warps
+  // for each (H100, shifted fp32 rows: LN 16654x1029 141 -> 65 us, 30000x2001 300 -> 188, 28532x3938 388
+  // -> 344; RMS 16654x1029 100 -> 53, 28532x3938 327 -> 338; results/h100-scalar-rows.txt).
   int64_t per_thread = p.outer < dev.sms ? 1 : nvec <= kShortRowVectors ? 2 : 4;
+  if (VEC == 1 && p.outer >= dev.sms) per_thread = std::max<int64_t>(env_int("FASTNORM_ROW_SCALAR_ELEMS", 16), 1);
   int tpr = 0, threads = 0;
   int64_t rows_per_block = 0;
   const bool fill = p.threads <= 0 && env_int("FASTNORM_ROW_FILL", 1) != 0;
