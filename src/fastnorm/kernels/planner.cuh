@@ -158,17 +158,21 @@ static inline RowPlan plan_rows(const NormParams& p) {
   // many or a thread has one (FASTNORM_ROW_FILL=0 keeps 4, for measurements). H100: 3-18% faster on 16
   // of 18 calls of 200-1071 rows (fp32 246x1024 LN 6.62 -> 5.95 us), 2% slower on bf16 1071x768
   // (results/h100-row-fill.txt).
-  // Scalar rows (VEC 1) take 16 elements a thread (FASTNORM_ROW_SCALAR_ELEMS, read at each call, for A/B
-  // runs): at 4, rows of 1025-4096 fp32 took 512 threads of 2-8 elements, a block reduction over 16 warps
-  // for each (H100, shifted fp32 rows: LN 16654x1029 141 -> 65 us, 30000x2001 300 -> 188, 28532x3938 388
-  // -> 344; RMS 16654x1029 100 -> 53, 28532x3938 327 -> 338; results/h100-scalar-rows.txt).
+  // Scalar rows (VEC 1) take about 16 elements a thread in LayerNorm, 8 in RMSNorm (the power of two of
+  // threads nearest n / that; FASTNORM_ROW_SCALAR_ELEMS, read at each call, for A/B runs). At 4 (rounded
+  // up), rows of 1025-4096 fp32 took 256-512 threads of 2-8 elements, a block reduction over 8-16 warps
+  // for each. H100, shifted fp32 rows, us at 4 / 8 / 16 (rounded up): LN 16654x1029 134 / 85 / 64,
+  // 30000x2001 292 / 206 / 187, 28532x3938 386 / 386 / 349; RMS 16654x1029 100 / 64 / 53, 30000x2001
+  // 224 / 172 / 187, 28532x3938 325 / 325 / 338 (results/h100-scalar-rows.txt).
   int64_t per_thread = p.outer < dev.sms ? 1 : nvec <= kShortRowVectors ? 2 : 4;
-  if (VEC == 1 && p.outer >= dev.sms) per_thread = std::max<int64_t>(env_int("FASTNORM_ROW_SCALAR_ELEMS", 16), 1);
+  const bool scalar_rows = VEC == 1 && p.outer >= dev.sms;
+  if (scalar_rows) per_thread = std::max<int64_t>(env_int("FASTNORM_ROW_SCALAR_ELEMS", p.rms ? 8 : 16), 1);
   int tpr = 0, threads = 0;
   int64_t rows_per_block = 0;
   const bool fill = p.threads <= 0 && env_int("FASTNORM_ROW_FILL", 1) != 0;
   for (;; per_thread /= 2) {
     tpr = p.threads > 0 ? threads_hint(p, 1) : pow2_at_least((nvec + per_thread - 1) / per_thread);
+    if (scalar_rows && p.threads <= 0 && tpr > 1 && nvec * 4 < int64_t(tpr) * per_thread * 3) tpr /= 2;  // nearest
     if (tpr > kMaxRowThreads) tpr = kMaxRowThreads;
     threads = tpr >= 256 ? tpr : 256;
     rows_per_block = threads / tpr;
