@@ -14,7 +14,7 @@
 //                       scalar rows of 1-31                              thread_rows (same file, same family)
 //                       longer rows than a block caches, or few of them   split_slice / split_row_norm (split_kernels.cuh)
 //                       everything else (rows of up to 96 KB)             row_norm (row_kernel.cuh)
-//   with a residual     last-dim rows of up to 1024 x 16 elements         residual_row (residual_rows.cuh)
+//   with a residual     last-dim rows of up to 1024 threads x 4 vectors   residual_row (residual_rows.cuh)
 //                       (anything else: not fused, the caller adds first)
 //
 // A build may hold only some families (kernel_set.h): a rule whose family is left out is skipped, and a
