@@ -157,13 +157,19 @@ def test_row_kernel_scalar_rows(n, dtype, offset, monkeypatch):
     """The row kernel on scalar rows (FASTNORM_OFFSET_ROWS=0 leaves them all to it), which caches the 16-byte
     granules that hold each row and reads the row at its offset in them: several rows a block (a barrier
     pair a row), rows n apart from a view `offset` elements in (each row at another offset), the last block
-    partial; every parameter case, float32 LayerNorm also at x + 1000."""
+    partial; the output in y's 16-byte grid (parameters read as realigned granules: also as views one element
+    into their storage, and float32 for the half types, read one by one); every parameter case, float32
+    LayerNorm also at x + 1000."""
     monkeypatch.setenv("FASTNORM_OFFSET_ROWS", "0")
     rows = 1003
     flat = make((rows * n + offset,), dtype, "randn", seed=n + offset)
     x = flat[offset:].view(rows, n)
     w, b = params((n,), dtype, True, n)
-    for w_, b_ in [(w, b), (None, None), (w, None)]:
+    wb, bb = params((n + 1,), dtype, True, n + 1)
+    cases = [(w, b), (None, None), (w, None), (wb[1:], bb[1:])]
+    if dtype in (torch.float16, torch.bfloat16):
+        cases.append((w.float(), b.float()))
+    for w_, b_ in cases:
         for rms in (False, True):
             b2 = None if rms else b_
             check(run_op(x, 1, 2, w_, b2, 1e-5, rms), reference(x, 1, 2, w_, b2, 1e-5, rms), dtype, x)

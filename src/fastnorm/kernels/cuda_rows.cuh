@@ -203,6 +203,78 @@ __device__ __forceinline__ V* cache_row_granules(V* cache, const T* x, int64_t n
   return reinterpret_cast<V*>(reinterpret_cast<char*>(cache) + off);
 }
 
+// The output of a scalar row cached as granules (x0: its element 0 in the cache, cache_row_granules),
+// in y's 16-byte grid: thread t takes y's chunks t, t + tpr, ..., the first and last partly outside
+// the row. An inner chunk reads its x values as the 16 bytes of the cache that hold them (two
+// granules realigned where x's and y's rows start at other offsets in their 16 bytes), its parameters
+// likewise (two 16-byte loads, realigned; parameters of x's size only), and stores 16 bytes: a store
+// for E elements where the element pass took E. Every granule read holds an element of the row, so
+// it lies in the row's allocation. The two edge chunks go element by element.
+template <typename A, typename T, typename W>
+__device__ __forceinline__ void store_granule_row(const Vec<T, 1>* x0v, T* y, int n, const W* w, const W* b,
+                                                  const Affine<A>& st, bool rms, int t, int tpr) {
+  constexpr int E = 16 / int(sizeof(T));
+  constexpr bool kVecParams = sizeof(W) == sizeof(T);
+  const T* x0 = reinterpret_cast<const T*>(x0v);
+  const int off_y = int(reinterpret_cast<uintptr_t>(y) & 15) / int(sizeof(T));
+  const int chunks = n > 0 ? (off_y + n + E - 1) / E : 0;
+  // Chunk c holds the row's elements c * E - off_y ...: in the cache at xc + 16 c, in the parameters
+  // at wc + 16 c (byte addresses), each read as its two 16-byte granules and realigned.
+  const uintptr_t xc = reinterpret_cast<uintptr_t>(x0) - uintptr_t(off_y) * sizeof(T);
+  const uintptr_t wc = reinterpret_cast<uintptr_t>(w) - uintptr_t(off_y) * sizeof(W);  // (read only where w is given)
+  const uintptr_t bc = reinterpret_cast<uintptr_t>(b) - uintptr_t(off_y) * sizeof(W);
+  const int sx = int(xc & 15), sw = int(wc & 15), sb = int(bc & 15);
+  const uint4* xg = reinterpret_cast<const uint4*>(xc - sx);
+  const uint4* wg = reinterpret_cast<const uint4*>(wc - sw);
+  const uint4* bg = reinterpret_cast<const uint4*>(bc - sb);
+  auto granules = [](const uint4* g, int c, int s) { return s ? realigned(g[c], g[c + 1], s) : g[c]; };
+  for (int c = t; c < chunks; c += tpr) {
+    const int i0 = c * E - off_y;
+    if (i0 >= 0 && i0 + E <= n) {
+      const uint4 xr = granules(xg, c, sx);
+      A v[E];
+      widen(reinterpret_cast<const Vec<T, E>*>(&xr)->v, v);
+#pragma unroll
+      for (int e = 0; e < E; ++e) v[e] = rms ? v[e] * st.rstd : normalized(v[e], st);
+      // The parameters one after the other, converted as used (at the 32-40 register budgets of the
+      // row kernel, converted arrays of both spilled).
+      if (w) {
+        if constexpr (kVecParams) {
+          const uint4 r = granules(wg, c, sw);
+          const W* p = reinterpret_cast<const Vec<W, E>*>(&r)->v;
+#pragma unroll
+          for (int e = 0; e < E; ++e) v[e] *= A(to_acc(p[e]));
+        } else {
+#pragma unroll
+          for (int e = 0; e < E; ++e) v[e] *= A(to_acc(w[i0 + e]));
+        }
+      }
+      if (b) {
+        if constexpr (kVecParams) {
+          const uint4 r = granules(bg, c, sb);
+          const W* p = reinterpret_cast<const Vec<W, E>*>(&r)->v;
+#pragma unroll
+          for (int e = 0; e < E; ++e) v[e] += A(to_acc(p[e]));
+        } else {
+#pragma unroll
+          for (int e = 0; e < E; ++e) v[e] += A(to_acc(b[i0 + e]));
+        }
+      }
+      store_vec<false>(reinterpret_cast<Vec<T, E>*>(y + i0), pack<T>(v));
+    } else {
+      for (int e = 0; e < E; ++e) {
+        const int i = i0 + e;
+        if (i < 0 || i >= n) continue;
+        A v = A(to_acc(x0[i]));
+        v = rms ? v * st.rstd : normalized(v, st);
+        if (w) v *= A(to_acc(w[i]));
+        if (b) v += A(to_acc(b[i]));
+        y[i] = from_acc<T>(v);
+      }
+    }
+  }
+}
+
 // Passes over a thread's cached vectors t + (k << sh), k < count, for the plain-sum statistics:
 // sum of x * scale (scale = 1 / n: a rough mean that cannot overflow near FLT_MAX), sum of x * x,
 // and the sums of d = x - c and d * d about a rough mean c.

@@ -88,6 +88,19 @@ __device__ __forceinline__ void store_vec(V* p, const V& v) {
   }
 }
 
+// Bytes [b, b + 16) of the 32 bytes lo:hi (b < 16, uniform across the block): 16 bytes realigned
+// to another 16-byte grid (a chunk of x to y's). Word i is a funnel shift of words i + b / 4 and i + b / 4 + 1.
+__device__ __forceinline__ uint4 realigned(const uint4& lo, const uint4& hi, int b) {
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const int q = b >> 2;
+  uint32_t s[5];
+#pragma unroll
+  for (int i = 0; i < 5; ++i) s[i] = q == 0 ? w[i] : q == 1 ? w[i + 1] : q == 2 ? w[i + 2] : w[i + 3];
+  const unsigned r = unsigned(b & 3) * 8;
+  return make_uint4(__funnelshift_r(s[0], s[1], r), __funnelshift_r(s[1], s[2], r), __funnelshift_r(s[2], s[3], r),
+                    __funnelshift_r(s[3], s[4], r));
+}
+
 // A counter or flag another block writes (the split kernels' barriers, the chained sets' flags): the
 // acquire load sees everything its writer stored before the release.
 __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {

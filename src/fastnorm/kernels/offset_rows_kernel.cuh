@@ -42,19 +42,6 @@ constexpr int kOffsetRowWideK = 8;
 template <typename T>
 constexpr int kOffsetRowTopK = std::is_same<T, __nv_bfloat16>::value ? kOffsetRowWideK : kOffsetRowMaxK;
 
-// Bytes [b, b + 16) of the 32 bytes lo:hi (b < 16, uniform across the block): a chunk of x realigned
-// to y's 16-byte grid. Word i is a funnel shift of words i + b / 4 and i + b / 4 + 1.
-__device__ __forceinline__ uint4 realigned(const uint4& lo, const uint4& hi, int b) {
-  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-  const int q = b >> 2;
-  uint32_t s[5];
-#pragma unroll
-  for (int i = 0; i < 5; ++i) s[i] = q == 0 ? w[i] : q == 1 ? w[i + 1] : q == 2 ? w[i + 2] : w[i + 3];
-  const unsigned r = unsigned(b & 3) * 8;
-  return make_uint4(__funnelshift_r(s[0], s[1], r), __funnelshift_r(s[1], s[2], r), __funnelshift_r(s[2], s[3], r),
-                    __funnelshift_r(s[3], s[4], r));
-}
-
 // K: chunks a thread holds (tpr * K chunks cover the row at any offset). The chunks are y's: chunk c
 // holds the row's elements c * VEC - off_y ... Block b takes the rows b % VEC + VEC * s for its slots s,
 // which share x's offset and y's. With kShifted (x's rows start at other offsets in their 16 bytes

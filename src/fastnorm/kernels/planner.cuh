@@ -259,15 +259,22 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
   if (plan.grid == 0) return nullptr;
   if (plan.g == 1) {
 #ifdef FASTNORM_WANT_ROW
+    // Scalar 2-byte rows store in y's 16-byte grid (store_granule_row), with the 40-register kernel (3
+    // blocks of 512 an SM, not 4: at 32 registers it spilled). H100, against the element store: fp16
+    // 15209x35356 LN 1295 -> 964 us, RMS 1005 -> 790, bf16 1024x40001 RMS 98.6 -> 75.8; shifted fp32 rows
+    // were level or up to 17% slower (realigning x and the parameters costs more than 4 elements a store
+    // save), so 4- and 8-byte rows keep the element store. FASTNORM_ROW_GRID_STORE=0 / 1 (read at each
+    // call, for A/B runs) turns it off / on for every type.
+    const int grid_store = VEC == 1 && env_int("FASTNORM_ROW_GRID_STORE", sizeof(T) == 2) != 0;
     if (plan.cache_vec) {
       if constexpr (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>) {
-        if (plan.more_blocks) row_norm_kernel<T, W, VEC, true, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
+        if (plan.more_blocks && !grid_store) row_norm_kernel<T, W, VEC, true, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec, grid_store);
       }
-      if (!plan.more_blocks) {
-        row_norm_kernel<T, W, VEC, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec);
+      if (!plan.more_blocks || grid_store) {
+        row_norm_kernel<T, W, VEC, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec, grid_store);
       }
     } else {
-      row_norm_kernel<T, W, VEC, false><<<plan.grid, plan.threads, 0, stream>>>(a, 0);
+      row_norm_kernel<T, W, VEC, false><<<plan.grid, plan.threads, 0, stream>>>(a, 0, 0);
     }
 #endif
   } else {

@@ -19,7 +19,7 @@ constexpr int kUncachedRowBlocks = VEC == 1 && sizeof(T) == 2 ? 1 : MinBlocksOf<
 // mean is from zero. Cheaper than merging (count, mean, M2) triples, whose divisions made up a
 // tenth of the bf16 kernel's instructions, and as accurate.
 template <typename T, typename W, int VEC, bool kCached, bool kMore = false>
-__global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, W, kMore> : kUncachedRowBlocks<T, VEC>) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec) {
+__global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, W, kMore> : kUncachedRowBlocks<T, VEC>) row_norm_kernel(RowArgs<T, W> a, int64_t cache_vec, int grid_store) {
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -65,7 +65,11 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, 
         st = affine_of(c, mean_d, corrected_variance(mean_d, dev[1] * inv_n), a.eps, false);
       }
       if (a.stats && active && t == 0) save_affine(a.stats, row, st);
-      store_own_vectors<false>(cache, yv, a.w, a.b, st, t, sh, count, rms);
+      bool stored = false;
+      if constexpr (VEC == 1 && !kMore) {  // (at the 32 registers of kMore it spilled)
+        if (grid_store) store_granule_row(cache, a.y + (active ? row : 0) * a.n, m, a.w, a.b, st, rms, t, tpr), stored = true;
+      }
+      if (!stored) store_own_vectors<false>(cache, yv, a.w, a.b, st, t, sh, count, rms);
     } else {
       const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
       RowSlice<A, T, VEC, false> slice{0, active ? nvec : 0, t, tpr};
