@@ -15,8 +15,9 @@ constexpr int kResidualThreads = 1024;  // threads a row, at most
 template <typename T> constexpr int kResidualThreadElems = sizeof(T) == 8 ? 8 : 16;  // by default
 
 // H: the dtype of residual and h (x's, or float32 to keep the residual stream in float32).
-// h stays in registers as stored (H, packed), widened in each pass: half the registers of float
-// copies in bf16, so more blocks an SM.
+// h stays in registers as stored (H, packed), widened in each pass: bf16 rows of 2 vectors a thread
+// took 52 registers with float copies, 48 so (5 blocks of 256 an SM, not 4). x and r are loaded
+// plainly: evict-first loads were 1-2% slower (H100, results/h100-residual.txt).
 template <typename T, typename H, typename W, int VEC, int K>
 __global__ void __launch_bounds__(kResidualThreads) residual_row_kernel(RowArgs<T, W> a, const H* __restrict__ res,
                                                                         H* __restrict__ h) {
@@ -117,7 +118,8 @@ static inline const char* launch_residual(const NormParams& p, cudaStream_t stre
   const int64_t nvec = p.n / VEC;
   // At most kResidualThreadElems elements a thread; 2-byte rows of other than a power of two vectors
   // take up to 4 vectors a thread (half the threads a row, twice the rows an SM in flight):
-  // bf16 8192x5120 118.7 -> 116.4 us, where rows of 2^k vectors gain nothing (H100, NOTES "residual").
+  // bf16 8192x5120 118.7 -> 116.4 us, where rows of 2^k vectors gain nothing (H100,
+  // results/h100-residual.txt).
   const int def_k = kResidualThreadElems<T> / VEC >= 4 || (sizeof(H) == sizeof(T) && (nvec & (nvec - 1)) != 0) ? 4 : 2;
   const int max_k = int(std::min<int64_t>(std::max<int64_t>(env_int("FASTNORM_RESIDUAL_VECS", def_k), 1), 4));
   const int tpr = pow2_at_least((nvec + max_k - 1) / max_k);
