@@ -128,6 +128,29 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
         check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("fused", ["1", "0"])
+@pytest.mark.parametrize("shape", [(1, 1000), (3, 4097), (11, 22150), (5, 40000), (2, 65544), (1, 300001),
+                                   (2, 600000)])
+def test_streamed_rows(shape, dtype, rms, fused, monkeypatch):
+    """The streamed kernels (forced) on few rows, aligned and one element into their storage, every
+    parameter case: the finalize step in its own launch (FASTNORM_STREAM_FUSE=0) or in each apply block,
+    the apply kernel sweeping every row (one row; 2 x 600000 in float32 and in the views) or a block a row's
+    column chunk (the others); float32 and float64 LayerNorm also at x + 1000."""
+    monkeypatch.setenv("FASTNORM_STREAMED", "1")
+    monkeypatch.setenv("FASTNORM_STREAM_FUSE", fused)
+    m, n = shape
+    base = make((m, n + 1), dtype, "randn", seed=n)
+    for x in (base[:, :n].contiguous(), base[:, 1:]):
+        for w, b in [params((n,), dtype, True, n), (None, None)]:
+            out = run_op(x, 1, 2, w, None if rms else b, 1e-5, rms)
+            check(out, reference(x, 1, 2, w, None if rms else b, 1e-5, rms), dtype, x)
+        if dtype in (torch.float32, torch.float64) and not rms:
+            x = x + 1000.0
+            check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+
+
 WARP_ROW_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)  # kWarpRowKs (offset_rows_kernel.cuh)
 
 

@@ -9,8 +9,10 @@
 // Weight and bias of another dtype than the input's: float32 ones for the half types only.
 constexpr const char* kMixedWeights = "weight dtype must match the input or be float32";
 
-int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
+// *zeroed: whether the kernels need it zeroed (the split and resident kernels' arrival counters).
+int64_t fastnorm_cuda_workspace_bytes(const NormParams& p, bool* zeroed) {
   using namespace fastnorm;
+  *zeroed = true;
   if (p.inner != 1 || p.outer == 0 || p.n == 0) return 0;
   const Device dev = device_info();
   // The resident kernel's, and enough for the kernels taking the call if it does not launch.
@@ -20,8 +22,8 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p) {
 #endif
 #ifdef FASTNORM_WANT_STREAMED
   if (streamed_rows(p, dev.sms)) {
-    const int64_t streamed = p.outer * stream_chunks(p, row_vec(p)) * int64_t(sizeof(Stats<double>)) +
-                             p.outer * int64_t(sizeof(Affine<double>));
+    const int64_t streamed = stream_workspace_bytes(p, row_vec(p), dev.sms, int(sizeof(double)));
+    *zeroed = bytes > 0;  // the resident kernel's counters, where it may take the call instead
     return std::max(streamed, bytes);
   }
 #endif

@@ -5,7 +5,9 @@
 //   inner > 1           up to 16 channels (e.g. the channels of NCHW)     strided_column (channel_kernels.cuh)
 //                       more channels                                     strided_tile / strided_norm (same file)
 //   inner == 1, rows:   4-17 MB rows the chip can hold (resident_groups)  resident_row_norm (resident_kernel.cuh)
-//                       4 MB+ rows, fewer than SMs, not resident          stream_* (streamed_kernels.cuh)
+//                       4 MB+ rows, fewer than SMs, not resident, or      stream_* (streamed_kernels.cuh)
+//                       calls of up to 8 MB of 64 KB+ rows, fewer than 32,
+//                       whose output launch gives half the SMs a block
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
 //                       at most 1024 vectors, fewer rows than SMs or      few_rows (few_rows_kernel.cuh)
 //                       (inference) one wave of blocks
@@ -94,11 +96,29 @@ static inline int64_t wanted_blocks_per_row(const NormParams& p, int sms) {
 // over the whole chip, stay ahead (fp32 4x1800000 LN 47 against 30%).
 constexpr int64_t kSplitRows = 32;
 
-// Few long rows: the resident kernel where it takes them, else the three streamed kernels.
+// Few rows, outside a tuning override: the streamed kernels (two or three plain launches) take rows of
+// 4 MB+ that the resident kernel does not, and calls of at most kStreamL2Bytes (their second read of x
+// hits L2) of rows of kStreamLeastBytes+ whose apply launch gives at least half the SMs a block. These
+// took the split kernel, whose cooperative launch and zeroed counters cost 4-6 us. H100, against it
+// (torch.compile in brackets): RMS fp32 1x238830 13.3 -> 10.0 us (11.4), bf16 1x366452 16.0 -> 10.6
+// (10.4), bf16 11x40001 LN 18.1 -> 14.1 (13.2), RMS 15.3 -> 10.4 (13.1); fp32 16x65536 LN 15.3 -> 15.8
+// (14.8) the one loss (results/h100-few-rows.txt). At 16 MB, fp32 23x126001 (11.6 MB) RMS lost 21.1 ->
+// 24.8 us: its second read no longer came from L2 alone.
+// FASTNORM_STREAMED (read at each call, for tests and A/B runs): 0 leaves the calls of the second kind
+// to the split kernel, 1 streams every call of fewer rows than SMs.
+constexpr int64_t kStreamL2Bytes = 8 << 20;
+constexpr int64_t kStreamLeastBytes = 64 << 10;
+
 static inline bool streamed_rows(const NormParams& p, int sms) {
+  if (p.blocks_per_row > 0 || p.outer >= sms) return false;
+  const int64_t forced = env_int("FASTNORM_STREAMED", -1);
+  if (forced == 1) return true;
   const int64_t row_bytes = p.n * elem_size(p.dtype);
-  return p.blocks_per_row <= 0 && row_bytes >= kStreamRowBytes && p.outer < sms &&
-         !(p.outer >= kSplitRows && row_bytes < kResidentRowBytes);
+  if (row_bytes >= kStreamRowBytes) return !(p.outer >= kSplitRows && row_bytes < kResidentRowBytes);
+  const int vec = row_vec(p);
+  const int64_t apply_blocks = (stream_by_row(p, vec, sms) ? p.outer : 1) * stream_column_blocks(p, vec);
+  return forced != 0 && row_bytes >= kStreamLeastBytes && p.outer < kSplitRows &&
+         p.outer * row_bytes <= kStreamL2Bytes && apply_blocks >= sms / 2;
 }
 
 // Rows of at most this many vectors (256 bytes) take 2 vectors a thread in the row kernel (plan_rows).
@@ -235,7 +255,7 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
   }
 #endif
 #ifdef FASTNORM_WANT_STREAMED
-  if (streamed_rows(p, dev.sms)) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_streamed<T, W, VEC>(p, stream);
+  if (streamed_rows(p, dev.sms)) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_streamed<T, W, VEC>(p, dev.sms, stream);
 #endif
 #ifdef FASTNORM_WANT_CLUSTER
   const int g = cluster_plan(p, dev, VEC);

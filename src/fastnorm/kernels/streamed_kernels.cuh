@@ -1,16 +1,20 @@
-// The streamed kernels: a few rows of many megabytes in three barrier-free kernels; their launcher.
+// The streamed kernels: few rows in two or three barrier-free launches (no cooperative launch, no
+// zeroed workspace); their launcher.
 #pragma once
 #include "cuda_launch.cuh"
 #include "cuda_rows.cuh"
 
 namespace fastnorm {
 
-constexpr int64_t kStreamChunkVec = 4096;    // vectors per partial-statistics block
+constexpr int64_t kStreamChunkVec = 4096;    // vectors per partial-statistics block, at most
+constexpr int64_t kStreamMinChunkVec = 512;  // ... and at least, where fewer blocks than SMs would take a call
 
-// Streamed rows, for a few rows of many megabytes (no cache could hold one): three barrier-free
-// kernels. (1) partial statistics of row chunks, (2) per-row totals, (3) each block owns a column
-// chunk, keeps its weight and bias in registers and sweeps every row: x is read twice, but the
-// parameters only once (a row-at-a-time kernel would re-read them for every row).
+// Streamed rows: (1) partial statistics of row chunks, (2) per-row totals (a launch of its own, or
+// merged by every block of (3) where they are few: kStreamFusedPartials), (3) the output. In (3)
+// either each block owns a column chunk, keeps its weight and bias in registers and sweeps every
+// row (rows of many megabytes: the parameters are read once, where a row-at-a-time kernel would
+// re-read them for every row), or a block takes one row's column chunk (calls of a few MB whose
+// sweep would leave SMs idle). x is read twice; in calls of a few MB the second read comes from L2.
 constexpr int kStreamThreads = 256;
 constexpr int kStreamVecs = 4;  // vectors per thread in a column chunk (apply) / per batch (stats)
 
@@ -45,10 +49,45 @@ __global__ void __launch_bounds__(kStreamThreads) stream_finalize_kernel(const T
   if (threadIdx.x == 0) reinterpret_cast<Affine<A>*>(affine)[row] = finalize(s, n, eps, rms, shift);
 }
 
-template <typename T, typename W, int VEC>
-__global__ void __launch_bounds__(kStreamThreads) stream_apply_kernel(RowArgs<T, W> a, const void* affine) {
+// The finalize step inside the apply kernel: a block merges the `chunks` partials of each of its rows
+// into shared memory, in the same order as every other block, so all agree.
+template <typename T>
+__device__ __forceinline__ const Affine<typename AccOf<T>::type>* stream_affines_in_block(
+    const T* x, int64_t rows, int64_t n, int64_t x_stride, int chunks, double eps, int rms, const void* partials,
+    unsigned char* smem) {
+  using A = typename AccOf<T>::type;
+  __shared__ Stats<A> red[32];
+  auto* aff = reinterpret_cast<Affine<A>*>(smem);
+  const auto* part = reinterpret_cast<const Stats<A>*>(partials);
+  for (int64_t row = 0; row < rows; ++row) {
+    Stats<A> s{A(0), A(0), A(0)};
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x) s = merge(s, part[row * chunks + i], rms);
+    s = group_reduce(s, blockDim.x, rms, red);
+    if (threadIdx.x == 0) aff[row] = finalize(s, n, eps, rms, rms ? A(0) : A(to_acc(x[row * x_stride])));
+    __syncthreads();  // red is reused by the next row
+  }
+  return aff;
+}
+
+// gridDim.y == 1: block x owns column chunk x of every row; else block (x, y) takes column chunk x of
+// row y. The rows' maps: from stream_finalize_kernel (affine), or kFused: the block takes them from the
+// `chunks` partials itself (dynamic shared memory of a map a row it takes; compiled apart, so that the
+// kernel without the merge keeps its registers: 40 against 46 in fp16).
+template <typename T, typename W, int VEC, bool kFused>
+__global__ void __launch_bounds__(kStreamThreads) stream_apply_kernel(RowArgs<T, W> a, const void* affine,
+                                                                      const void* partials, int chunks) {
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  // A block of one row sees a call of that row alone. (A row range taken from blockIdx.y raised the
+  // registers from 34 to 66 in fp16, and fp16 4x9592278, which sweeps, from 134 to 146 us.)
+  if (gridDim.y > 1) {
+    a.x += blockIdx.y * a.x_stride;
+    a.y += blockIdx.y * a.n;
+    a.rows = 1;
+    if (kFused) partials = reinterpret_cast<const Stats<A>*>(partials) + int64_t(blockIdx.y) * chunks;
+    else affine = reinterpret_cast<const Affine<A>*>(affine) + blockIdx.y;
+  }
   const int64_t nvec = a.n / VEC;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x * kStreamVecs + threadIdx.x;
   A wv[kStreamVecs][VEC], bv[kStreamVecs][VEC];
@@ -60,7 +99,10 @@ __global__ void __launch_bounds__(kStreamThreads) stream_apply_kernel(RowArgs<T,
     if (i < nvec && a.w) load_params<false, VEC>(a.w + i * VEC, wv[k]);
     if (i < nvec && a.b) load_params<false, VEC>(a.b + i * VEC, bv[k]);
   }
-  const auto* aff = reinterpret_cast<const Affine<A>*>(affine);
+  // (Loading x before the merge, to hide it, spilled in the 16-byte bfloat16 kernel.)
+  const Affine<A>* aff = kFused ? stream_affines_in_block(a.x, a.rows, a.n, a.x_stride, chunks, a.eps, a.rms, partials,
+                                                          dyn_smem)
+                                : reinterpret_cast<const Affine<A>*>(affine);
   for (int64_t row = 0; row < a.rows; ++row) {
     const Affine<A> st = aff[row];
     const V* xv = reinterpret_cast<const V*>(a.x + row * a.x_stride);
@@ -84,27 +126,68 @@ __global__ void __launch_bounds__(kStreamThreads) stream_apply_kernel(RowArgs<T,
   }
 }
 
-// Workspace of the streamed path: partial statistics [rows][chunks], then per-row Affine.
-static inline int64_t stream_chunks(const NormParams& p, int vec) { return (p.n / vec + kStreamChunkVec - 1) / kStreamChunkVec; }
+// Column chunks of the apply kernel (a block's vectors: kStreamThreads x kStreamVecs).
+static inline int64_t stream_column_blocks(const NormParams& p, int vec) {
+  const int64_t per_block = int64_t(kStreamThreads) * kStreamVecs;
+  return (p.n / vec + per_block - 1) / per_block;
+}
+
+// The apply kernel takes one row's chunk a block where sweeping every row would leave SMs idle.
+static inline bool stream_by_row(const NormParams& p, int vec, int sms) {
+  return p.outer > 1 && stream_column_blocks(p, vec) < sms;
+}
+
+// Partials an apply block merges itself, at most (one a thread), instead of a finalize launch. H100:
+// one row of 40-90 partials 1.3-2.4 us faster fused (fp32 1x238830 13.1 -> 11.4 us, bf16 1x366452
+// 13.9 -> 11.5), rows of 424-680 partials 1.2-2.8 us slower (fp32 1x1734971 26.5 -> 29.4, bf16
+// 1x2784270 25.0 -> 26.2): 2-3 merges a thread in each of 1700-2700 blocks. FASTNORM_STREAM_FUSE=0
+// (read at each call, for A/B runs) keeps the launch.
+constexpr int64_t kStreamFusedPartials = kStreamThreads;
+
+// Vectors of a partial-statistics block: kStreamChunkVec, halved (down to kStreamMinChunkVec) while
+// the call would have fewer such blocks than SMs. (Doubled, up to 16384, where that let each output
+// block merge its partials itself: fp32 1x1734971 27.1 -> 30.8 us, bf16 1x2784270 23.6 -> 28.3, since
+// each of its 1700-2700 output blocks then merges up to 256 partials.)
+static inline int64_t stream_chunk_vec(const NormParams& p, int vec, int sms) {
+  int64_t chunk = kStreamChunkVec;
+  while (chunk > kStreamMinChunkVec && p.outer * ((p.n / vec + chunk - 1) / chunk) < sms) chunk /= 2;
+  return chunk;
+}
+
+// Workspace of the streamed path: partial statistics [rows][chunks], then per-row Affine. Every byte
+// read is written first in the same call: it needs no zeroing.
+static inline int64_t stream_workspace_bytes(const NormParams& p, int vec, int sms, int acc_bytes) {
+  const int64_t chunk = stream_chunk_vec(p, vec, sms), chunks = (p.n / vec + chunk - 1) / chunk;
+  return p.outer * chunks * 3 * acc_bytes + p.outer * 3 * acc_bytes;  // Stats<A> and Affine<A>: 3 values each
+}
 
 template <typename T, typename W, int VEC>
-static inline const char* launch_streamed(const NormParams& p, cudaStream_t stream) {
+static inline const char* launch_streamed(const NormParams& p, int sms, cudaStream_t stream) {
   using A = typename AccOf<T>::type;
-  const int64_t chunks = stream_chunks(p, VEC);
-  const int64_t need = p.outer * chunks * int64_t(sizeof(Stats<A>)) + p.outer * int64_t(sizeof(Affine<A>));
+  const int64_t chunk_vec = stream_chunk_vec(p, VEC, sms), chunks = (p.n / VEC + chunk_vec - 1) / chunk_vec;
+  const int64_t need = stream_workspace_bytes(p, VEC, sms, int(sizeof(A)));
   if (p.workspace == nullptr || p.workspace_bytes < need) return "streamed-rows workspace missing or too small";
   void* partials = p.workspace;
   void* affine = static_cast<unsigned char*>(p.workspace) + p.outer * chunks * int64_t(sizeof(Stats<A>));
   const T* x = static_cast<const T*>(p.x);
   stream_stats_kernel<T, VEC><<<dim3(unsigned(chunks), unsigned(p.outer)), kStreamThreads, 0, stream>>>(
-      x, p.n, p.x_outer_stride, kStreamChunkVec, p.rms, partials);
-  stream_finalize_kernel<T><<<unsigned(p.outer), kStreamThreads, 0, stream>>>(x, p.n, p.x_outer_stride, int(chunks),
-                                                                               p.eps, p.rms, partials, affine);
+      x, p.n, p.x_outer_stride, chunk_vec, p.rms, partials);
+  const bool by_row = stream_by_row(p, VEC, sms);
+  const int64_t rows_a_block = by_row ? 1 : p.outer;
+  const bool fused = rows_a_block * chunks <= kStreamFusedPartials && env_int("FASTNORM_STREAM_FUSE", 1) != 0;
+  if (!fused) {
+    stream_finalize_kernel<T><<<unsigned(p.outer), kStreamThreads, 0, stream>>>(x, p.n, p.x_outer_stride, int(chunks),
+                                                                                 p.eps, p.rms, partials, affine);
+  }
   RowArgs<T, W> a{x, static_cast<T*>(p.y), static_cast<const W*>(p.weight), static_cast<const W*>(p.bias),
                   p.outer, p.n, p.x_outer_stride, p.eps, 0, p.rms};
-  const int64_t per_block = int64_t(kStreamThreads) * kStreamVecs;
-  const int64_t blocks = (p.n / VEC + per_block - 1) / per_block;
-  stream_apply_kernel<T, W, VEC><<<unsigned(blocks), kStreamThreads, 0, stream>>>(a, affine);
+  const dim3 grid(unsigned(stream_column_blocks(p, VEC)), by_row ? unsigned(p.outer) : 1u);
+  const size_t smem = size_t(rows_a_block) * sizeof(Affine<A>);
+  if (fused) {
+    stream_apply_kernel<T, W, VEC, true><<<grid, kStreamThreads, smem, stream>>>(a, nullptr, partials, int(chunks));
+  } else {
+    stream_apply_kernel<T, W, VEC, false><<<grid, kStreamThreads, 0, stream>>>(a, affine, nullptr, 0);
+  }
   const cudaError_t err = cudaGetLastError();
   return launch_result(err);
 }

@@ -16,6 +16,10 @@ ROW_CACHE_BYTES = 96 << 10     # cuda_rows.cuh kRowCacheBytes
 SLICE_BYTES = 64 << 10         # cuda_rows.cuh kSliceBytes
 MAX_ROW_THREADS = 512          # cuda_rows.cuh kMaxRowThreads
 STREAM_ROW_BYTES = 4 << 20     # resident_kernel.cuh kStreamRowBytes
+STREAM_L2_BYTES = 8 << 20      # planner.cuh kStreamL2Bytes
+STREAM_LEAST_BYTES = 64 << 10  # planner.cuh kStreamLeastBytes
+STREAM_THREADS = 256           # streamed_kernels.cuh kStreamThreads
+STREAM_VECS = 4                # streamed_kernels.cuh kStreamVecs
 RESIDENT_ROW_BYTES = 8 << 20   # resident_kernel.cuh kResidentRowBytes
 GROUPED_ROWS = 2               # resident_kernel.cuh kGroupedRows
 RESIDENT_THREADS = 1024        # resident_kernel.cuh kResidentThreads
@@ -126,6 +130,20 @@ def _resident_takes(call: ExtensionCall, dev: CudaDevice, vec: int, blocks_per_r
     return k == 4 or (k == 8 and max_k >= 8) or (groups == 1 and k in (1, 2))
 
 
+def _streamed_takes(call: ExtensionCall, dev: CudaDevice, vec: int, blocks_per_row: int) -> bool:
+    """planner.cuh streamed_rows: rows of 4 MB+, or calls of at most STREAM_L2_BYTES whose apply launch
+    (a block a row's column chunk, or a column chunk of every row) gives half the SMs a block."""
+    if blocks_per_row > 0 or call.outer >= dev.sms:
+        return False
+    row_bytes = call.n * elem_size(call.dtype)
+    if row_bytes >= STREAM_ROW_BYTES:
+        return not (call.outer >= SPLIT_ROWS and row_bytes < RESIDENT_ROW_BYTES)
+    columns = _ceil(call.n // vec, STREAM_THREADS * STREAM_VECS)
+    blocks = call.outer * columns if call.outer > 1 and columns < dev.sms else columns
+    return (row_bytes >= STREAM_LEAST_BYTES and call.outer < SPLIT_ROWS and call.outer * row_bytes <= STREAM_L2_BYTES
+            and blocks >= dev.sms // 2)
+
+
 def _cluster_blocks(call: ExtensionCall, dev: CudaDevice, threads: int, blocks_per_row: int) -> int:
     if dev.major < 9 or blocks_per_row > 0 or threads > 0:
         return 0
@@ -169,11 +187,9 @@ def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDev
     if device_type == "cpu":
         return "row"
     vec = row_vec(call)
-    row_bytes = call.n * elem_size(call.dtype)
     if _resident_takes(call, dev, vec, blocks_per_row):
         return "resident"
-    if (blocks_per_row <= 0 and row_bytes >= STREAM_ROW_BYTES and call.outer < dev.sms
-            and not (call.outer >= SPLIT_ROWS and row_bytes < RESIDENT_ROW_BYTES)):
+    if _streamed_takes(call, dev, vec, blocks_per_row):
         return "streamed"
     if _cluster_blocks(call, dev, threads, blocks_per_row) > 0:
         return "cluster"
