@@ -136,8 +136,8 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
 def test_streamed_rows(shape, dtype, rms, fused, monkeypatch):
     """The streamed kernels (forced) on few rows, aligned and one element into their storage, every
     parameter case: the finalize step in its own launch (FASTNORM_STREAM_FUSE=0) or in each apply block,
-    the apply kernel sweeping every row (one row; 2 x 600000 in float32 and in the views) or a block a row's
-    column chunk (the others); float32 and float64 LayerNorm also at x + 1000."""
+    the apply kernel sweeping every row (one row; 2 x 600000 but in the 2-byte types' aligned rows) or a
+    block a row's column chunk (the others); float32 and float64 LayerNorm also at x + 1000."""
     monkeypatch.setenv("FASTNORM_STREAMED", "1")
     monkeypatch.setenv("FASTNORM_STREAM_FUSE", fused)
     m, n = shape
