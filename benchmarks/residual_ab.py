@@ -5,7 +5,6 @@ and torch.compile of the same function beside (--compile). Bytes: x and r read, 
 usage: python benchmarks/residual_ab.py [--compile] [VARIANT ...]   (VARIANT: - or NAME=V[,NAME=V])
 e.g.   python benchmarks/residual_ab.py --compile - FASTNORM_RESIDUAL_VECS=4
 """
-import os
 import statistics
 import sys
 
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 
 import fastnorm
 from fastnorm.harness.timing import time_callable
+from fastnorm_dev.overrides import _apply, _parse_variant
 
 CASES = [("RMS", torch.bfloat16, (16384, 4096), False), ("LN", torch.bfloat16, (16384, 4096), False),
          ("RMS", torch.bfloat16, (8192, 2048), False), ("RMS", torch.bfloat16, (8192, 5120), False),
@@ -24,13 +24,11 @@ CASES = [("RMS", torch.bfloat16, (16384, 4096), False), ("LN", torch.bfloat16, (
 def main(argv):
     do_compile = "--compile" in argv
     variants = [a for a in argv if a != "--compile"] or ["-"]
-    envs = [{} if v == "-" else dict(kv.split("=", 1) for kv in v.split(",")) for v in variants]
+    envs = [_parse_variant(v) for v in variants]
     names = {k for e in envs for k in e}
 
     def apply(env):
-        for k in names:
-            os.environ.pop(k, None)
-        os.environ.update(env)
+        _apply(env, names)
 
     dev = torch.device("cuda")
 

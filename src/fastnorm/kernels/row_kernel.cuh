@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, 
       const int count = m > t ? ((m - 1 - t) >> sh) + 1 : 0;
       V* cache = group_cache;
       if constexpr (VEC == 1) {
-        cache = cache_row_granules(group_cache, a.x + (active ? row : 0) * a.x_stride, m, t, tpr);
+        cache = cache_row_granules(group_cache, reinterpret_cast<const T*>(xv), m, t, tpr);
       } else {
         cache_own_vectors<false>(cache, xv, t, sh, count);
       }
@@ -65,11 +65,13 @@ __global__ void __launch_bounds__(kMaxRowThreads, kCached ? kCachedRowBlocks<T, 
         st = affine_of(c, mean_d, corrected_variance(mean_d, dev[1] * inv_n), a.eps, false);
       }
       if (a.stats && active && t == 0) save_affine(a.stats, row, st);
-      bool stored = false;
       if constexpr (VEC == 1 && !kMore) {  // (at the 32 registers of kMore it spilled)
-        if (grid_store) store_granule_row(cache, a.y + (active ? row : 0) * a.n, m, a.w, a.b, st, rms, t, tpr), stored = true;
+        if (grid_store) {
+          store_granule_row(cache, reinterpret_cast<T*>(yv), m, a.w, a.b, st, rms, t, tpr);
+          continue;
+        }
       }
-      if (!stored) store_own_vectors<false>(cache, yv, a.w, a.b, st, t, sh, count, rms);
+      store_own_vectors<false>(cache, yv, a.w, a.b, st, t, sh, count, rms);
     } else {
       const A shift = (active && !rms) ? A(to_acc(a.x[row * a.x_stride])) : A(0);
       RowSlice<A, T, VEC, false> slice{0, active ? nvec : 0, t, tpr};

@@ -34,23 +34,30 @@ __global__ void __launch_bounds__(kStreamThreads) stream_stats_kernel(const T* x
   if (threadIdx.x == 0) reinterpret_cast<Stats<A>*>(partials)[row * gridDim.x + blockIdx.x] = s;
 }
 
+// A row's affine map from its `chunks` partials, merged by the whole block in a fixed order (every
+// block that merges them gets the same bits); valid in thread 0.
+template <typename T, typename A = typename AccOf<T>::type>
+__device__ __forceinline__ Affine<A> stream_row_affine(const T* x, int64_t row, int64_t n, int64_t x_stride, int chunks,
+                                                       double eps, int rms, const void* partials, Stats<A>* red) {
+  const auto* part = reinterpret_cast<const Stats<A>*>(partials) + row * chunks;
+  Stats<A> s{A(0), A(0), A(0)};
+  for (int i = threadIdx.x; i < chunks; i += blockDim.x) s = merge(s, part[i], rms);
+  s = group_reduce(s, blockDim.x, rms, red);
+  return finalize(s, n, eps, rms, rms ? A(0) : A(to_acc(x[row * x_stride])));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kStreamThreads) stream_finalize_kernel(const T* x, int64_t n, int64_t x_stride,
                                                                          int chunks, double eps, int rms,
                                                                          const void* partials, void* affine) {
   using A = typename AccOf<T>::type;
   __shared__ Stats<A> red[32];
-  const int64_t row = blockIdx.x;
-  const auto* part = reinterpret_cast<const Stats<A>*>(partials) + row * chunks;
-  Stats<A> s{A(0), A(0), A(0)};
-  for (int i = threadIdx.x; i < chunks; i += blockDim.x) s = merge(s, part[i], rms);
-  s = group_reduce(s, blockDim.x, rms, red);
-  const A shift = rms ? A(0) : A(to_acc(x[row * x_stride]));
-  if (threadIdx.x == 0) reinterpret_cast<Affine<A>*>(affine)[row] = finalize(s, n, eps, rms, shift);
+  const Affine<A> st = stream_row_affine(x, blockIdx.x, n, x_stride, chunks, eps, rms, partials, red);
+  if (threadIdx.x == 0) reinterpret_cast<Affine<A>*>(affine)[blockIdx.x] = st;
 }
 
-// The finalize step inside the apply kernel: a block merges the `chunks` partials of each of its rows
-// into shared memory, in the same order as every other block, so all agree.
+// The finalize step inside the apply kernel: a block merges the partials of each of its rows into
+// shared memory.
 template <typename T>
 __device__ __forceinline__ const Affine<typename AccOf<T>::type>* stream_affines_in_block(
     const T* x, int64_t rows, int64_t n, int64_t x_stride, int chunks, double eps, int rms, const void* partials,
@@ -58,12 +65,9 @@ __device__ __forceinline__ const Affine<typename AccOf<T>::type>* stream_affines
   using A = typename AccOf<T>::type;
   __shared__ Stats<A> red[32];
   auto* aff = reinterpret_cast<Affine<A>*>(smem);
-  const auto* part = reinterpret_cast<const Stats<A>*>(partials);
   for (int64_t row = 0; row < rows; ++row) {
-    Stats<A> s{A(0), A(0), A(0)};
-    for (int i = threadIdx.x; i < chunks; i += blockDim.x) s = merge(s, part[row * chunks + i], rms);
-    s = group_reduce(s, blockDim.x, rms, red);
-    if (threadIdx.x == 0) aff[row] = finalize(s, n, eps, rms, rms ? A(0) : A(to_acc(x[row * x_stride])));
+    const Affine<A> st = stream_row_affine(x, row, n, x_stride, chunks, eps, rms, partials, red);
+    if (threadIdx.x == 0) aff[row] = st;
     __syncthreads();  // red is reused by the next row
   }
   return aff;
