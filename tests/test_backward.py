@@ -472,6 +472,40 @@ def test_dbias_sums_in_shared_memory(shape, dtype, mode, saved, monkeypatch):
     assert_close("dbias", got[2], ref[2], dtype)
 
 
+# Rows of up to 8 elements a thread with saved statistics hold a row's g and xhat in registers (kHold in
+# backward_rows.cuh; 2-byte rows take it over the 16-element kernels unless FASTNORM_ROW_BWD_HOLD=0):
+# several rows a block (40, 1024), one row a block (4096, 5120, 8192), and 8200 (past the hold limit in
+# 2-byte types); with and without weight and bias, x offset by 1000, and a float32 weight of bf16 rows.
+HOLD_SHAPES = [(700, 40), (300, 1024), (150, 4096), (90, 5120), (64, 8192), (40, 8200)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("shape", HOLD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype,wdtype", [(torch.bfloat16, None), (torch.float16, None), (torch.float32, None),
+                                          (torch.bfloat16, torch.float32)], ids=["bf16", "f16", "f32", "bf16_wf32"])
+@pytest.mark.parametrize("affine", ["wb", "w", "none"])
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("hold", ["1", "0"], ids=["hold", "no_hold"])
+def test_rows_hold_g_and_xhat(shape, dtype, wdtype, affine, rms, hold, monkeypatch):
+    monkeypatch.setenv("FASTNORM_ROW_BWD_HOLD", hold)
+    if rms and affine == "wb":
+        pytest.skip("RMSNorm has no bias")
+    torch.manual_seed(0)
+    x = (torch.randn(shape, device="cuda", dtype=torch.float64) + 1000).to(dtype)
+    dy = torch.randn(shape, device="cuda", dtype=dtype)
+    pdtype = wdtype or dtype
+    w = (1 + 0.5 * torch.randn(shape[1], device="cuda", dtype=torch.float64)).to(pdtype) if affine != "none" else None
+    b = (0.5 * torch.randn(shape[1], device="cuda", dtype=torch.float64)).to(pdtype) if affine == "wb" else None
+    got = fastnorm_grads(x, dy, 1, 2, w, b, 1e-5, rms)
+    ref = reference_grads(x, dy, 1, 2, w, b, 1e-5, rms)
+    assert_close("dx", got[0], ref[0], dtype, dx_term_scale(x, dy, 1, 2, w, 1e-5, rms))
+    if w is not None:
+        assert_close("dweight", got[1], ref[1], pdtype)
+    if b is not None:
+        assert_close("dbias", got[2], ref[2], pdtype)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -162,12 +162,14 @@ def _sanitize_backward(ext, dtype):
 
     # Backward: fused rows (vector, scalar), long rows, the channel tile kernel (several K, scalar
     # columns) and, past its n or forced by FASTNORM_CHANNEL_BWD=0, the two channel kernels.
-    # Row backward: many rows a block, so that its ring of 2-4 row buffers wraps (FASTNORM_ROW_BWD_STAGES).
+    # Row backward: many rows a block, so that its ring of 2-4 row buffers wraps (FASTNORM_ROW_BWD_STAGES);
+    # the 2-byte rows' 16-element kernels instead of those holding g and xhat (FASTNORM_ROW_BWD_HOLD=0).
     for shape, dim in [((7, 1024), 1), ((5, 33), 1), ((3, 20000), 1), ((2, 64, 33, 64), 1), ((2, 100, 16, 20), 1),
                        ((3, 7, 5, 9), 1), ((2, 200, 8, 16), 1), ((3000, 256), 1), ((1000, 40), 1)]:
         for force in ("", "0"):
             os.environ["FASTNORM_CHANNEL_BWD"] = force
             os.environ["FASTNORM_ROW_BWD_STAGES"] = "3" if force else ""
+            os.environ["FASTNORM_ROW_BWD_HOLD"] = force
             x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
             w = torch.rand(shape[dim], device="cuda", dtype=dtype, requires_grad=True)
             y = fastnorm.layer_norm(x, None, w, w, dim=dim) if len(shape) > 2 else fastnorm.layer_norm(x, shape[-1:], w, w)
@@ -176,6 +178,7 @@ def _sanitize_backward(ext, dtype):
             y.backward(torch.randn_like(y))
     os.environ.pop("FASTNORM_CHANNEL_BWD", None)
     os.environ.pop("FASTNORM_ROW_BWD_STAGES", None)
+    os.environ.pop("FASTNORM_ROW_BWD_HOLD", None)
     # Row backward blocks of 640 threads (5120 bf16), rows split over clusters of blocks (2, 3 forced
     # by FASTNORM_ROW_BWD_SPLIT, an unaligned split row), more rows than resident clusters.
     # (30000: 2-byte dbias sums in shared memory, split; 14336 the same in one block.)

@@ -171,7 +171,9 @@ def _sweep_row(label):
 def run_ab_rows(args):
     import statistics
 
-    from fastnorm.bench.cases import eager_fn, fastnorm_fn, make_inputs
+    from fastnorm.bench.cases import eager_fn, fastnorm_fn, make_grad_output, make_inputs
+    from fastnorm.bench.modes import needs_grad, timed_call
+    from fastnorm.bench.runner import _compile_settings
     from fastnorm.harness.timing import time_callable
 
     if not args.rest:
@@ -181,33 +183,41 @@ def run_ab_rows(args):
     names = {name for env in envs for name in env}
     reps = int(os.environ.get("AB_REPS", "30"))
     dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: us, median of {AB_ROUNDS} rounds of {reps} "
-          f"calls; variants: {' | '.join(args.variants)} | compile", flush=True)
-    for case in rows:
-        x, w, b = make_inputs(case, dev)
-        ours, ref = fastnorm_fn(case), eager_fn(case)
-        exact = ref(x.double(), None if w is None else w.double(), None if b is None else b.double())
-        scale = exact.abs().max().item()
-        torch._dynamo.reset()  # each row its own compiled function: no recompile limit
-        compiled = torch.compile(ref, dynamic=False)
-        compiled(x, w, b)
-        errs = []
-        for env in envs:
-            _apply(env, names)
-            errs.append((ours(x, w, b).double() - exact).abs().max().item() / scale)
-        times = [[] for _ in range(len(envs) + 1)]
-        for _ in range(AB_ROUNDS):
-            for i, env in enumerate(envs):
+    grad = needs_grad(args.mode)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {args.mode}, us, median of {AB_ROUNDS} rounds "
+          f"of {reps} calls; variants: {' | '.join(args.variants)} | compile", flush=True)
+    with _compile_settings(args.mode):  # bwd: compile's backward must allow retain_graph
+        for case in rows:
+            x, w, b = make_inputs(case, dev, requires_grad=grad)
+            dy = make_grad_output(case, dev) if grad else None
+            ours, ref = fastnorm_fn(case), eager_fn(case)
+            wide = [None if t is None else t.detach().double().requires_grad_(grad) for t in (x, w, b)]
+            # The error of the output (fwd) or of dx (bwd, train) against float64, relative to its largest value.
+            exact = ref(*wide) if not grad else timed_call("train", ref, *wide, dy.double())()[0]
+            scale = exact.abs().max().item()
+            torch._dynamo.reset()  # each row its own compiled function: no recompile limit
+            compiled = torch.compile(ref, dynamic=False)
+            compiled_call = timed_call(args.mode, compiled, x, w, b, dy)
+            compiled_call()
+            errs, calls = [], []
+            for env in envs:
                 _apply(env, names)
-                times[i].append(time_callable(lambda: ours(x, w, b), device=dev, trials=reps,
-                                              include_host=False).median_ms * 1000)
-            times[-1].append(time_callable(lambda: compiled(x, w, b), device=dev, trials=reps,
-                                           include_host=False).median_ms * 1000)
-        med = [statistics.median(t) for t in times]
-        ratios = "  ".join(f"{med[-1] / m:.2f}x" for m in med[:-1])
-        print(f"{case.label:34} {'  '.join(f'{m:7.2f}' for m in med)}   vs compile {ratios}   err {max(errs):.1e}",
-              flush=True)
-        del x, w, b, exact
+                calls.append(timed_call(args.mode, ours, x, w, b, dy))  # bwd: the forward runs under this variant
+                out = calls[-1]()
+                errs.append((out if not grad else out[0]).double().sub(exact).abs().max().item() / scale)
+            times = [[] for _ in range(len(envs) + 1)]
+            for _ in range(AB_ROUNDS):
+                for i, env in enumerate(envs):
+                    _apply(env, names)
+                    times[i].append(time_callable(calls[i], device=dev, trials=reps,
+                                                  include_host=False).median_ms * 1000)
+                times[-1].append(time_callable(compiled_call, device=dev, trials=reps,
+                                               include_host=False).median_ms * 1000)
+            med = [statistics.median(t) for t in times]
+            ratios = "  ".join(f"{med[-1] / m:.2f}x" for m in med[:-1])
+            print(f"{case.label:34} {'  '.join(f'{m:7.2f}' for m in med)}   vs compile {ratios}   err {max(errs):.1e}",
+                  flush=True)
+            del x, w, b, dy, exact, calls, compiled_call
     _apply({}, names)
 
 
@@ -312,9 +322,11 @@ def _ab_args(p):
 
 
 def _ab_rows_args(p):
+    p.add_argument("--mode", choices=("fwd", "bwd", "train"), default="fwd",
+                   help="what is timed, as fastnorm bench --mode: forward, backward alone, or both (default fwd)")
     _variants_then(p, "abrows", "ROW", "the rows as the sweep labels them: \"LN fp32 36x3378 off3\", \"RMS bf16 "
                    "1000000x1\" (last dim; offN / padN). AB_REPS (default 30) sets the timed calls a round; 3 rounds "
-                   "alternate the variants, torch.compile beside")
+                   "alternate the variants, torch.compile beside", flags="[--mode M] ")
 
 
 def _ab_family_args(p):

@@ -113,11 +113,13 @@ __global__ void __launch_bounds__(kLongBackwardThreads) long_backward_apply_kern
       }
     }
   }
+  Vec<A, VEC> sums;
 #pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    if (a.dw_part) static_cast<A*>(a.dw_part)[blockIdx.y * a.n + i * VEC + e] = dw[e];
-    if (a.db_part) static_cast<A*>(a.db_part)[blockIdx.y * a.n + i * VEC + e] = db[e];
-  }
+  for (int e = 0; e < VEC; ++e) sums.v[e] = dw[e];
+  if (a.dw_part) store_acc_vec(static_cast<A*>(a.dw_part) + blockIdx.y * a.n + i * VEC, sums);
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) sums.v[e] = db[e];
+  if (a.db_part) store_acc_vec(static_cast<A*>(a.db_part) + blockIdx.y * a.n + i * VEC, sums);
 }
 
 // Row ranges (partials) of the apply kernel: enough blocks for two waves, at least 8 rows a range.
