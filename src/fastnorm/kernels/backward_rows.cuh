@@ -166,7 +166,8 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
   using V = Vec<T, VEC>;
   // kHold: a row's g and xhat stay in registers from the sums pass to the dx pass, where dweight and
   // dbias are summed too: about 11 operations an element instead of 19 (x, dy and w loaded and
-  // widened once, xhat and g computed once). Float accumulators only (float64 spilled).
+  // widened once, xhat and g computed once). Float accumulators only (float64 spilled); not in cluster-split
+  // rows (H100, backward alone: fp32 4096x16384 342 -> 364 us, bf16 2048x12288 LN 85 -> 122).
   constexpr bool kHold = kSaved && !kSplit && kDb != kDbSmem && K * VEC <= kBackwardHoldElems && sizeof(A) == 4;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ A sums[2][5 * 32];
@@ -467,6 +468,15 @@ static inline int row_backward_max_stages() {
   return v >= 2 && v <= kBackwardRowMaxStages ? int(v) : 3;
 }
 
+// FASTNORM_ROW_BWD_CLUSTER (read at each call, for A/B runs): the most blocks a row takes (2-8) before the
+// long-row path takes it. H100, backward alone, 8 against 2 (session 32, float32 split kernels then holding
+// g and xhat): RMS fp32 1024x65536 482 -> 467 us, bf16 257 -> 236, LN fp32 2048x32768 (4 blocks) 491 -> 465;
+// but LN 1024x65536 fp32 496 -> 658, bf16 276 -> 567.
+static inline int row_backward_most_blocks() {
+  const int64_t v = env_int("FASTNORM_ROW_BWD_CLUSTER", 0);
+  return v >= 2 && v <= kBackwardMaxCluster ? int(v) : 2;
+}
+
 // FASTNORM_ROW_BWD_SPLIT (read at each call, for A/B runs): blocks a row, at least the fewest that
 // hold it and at most kBackwardMaxCluster.
 static inline int row_backward_split(int least) {
@@ -605,8 +615,8 @@ static inline RowBackwardPlan plan_row_backward_db(const NormBackwardParams& p, 
   const Device dev = device_info();
   const int64_t least = (nvec + int64_t(kBackwardRowThreads) * kMaxK - 1) / (int64_t(kBackwardRowThreads) * kMaxK);
   // Clusters are Hopper's. Rows of more than two blocks take the long-row path: split over 8 (fp32
-  // 1024x65536) the row backward took 662 us against that path's 475 (H100).
-  if (least > 2 || (least > 1 && dev.major < 9)) return none;
+  // 1024x65536) the row backward took 662 us against that path's 475 (H100; see FASTNORM_ROW_BWD_CLUSTER).
+  if (least > row_backward_most_blocks() || (least > 1 && dev.major < 9)) return none;
   const int split = dev.major >= 9 ? row_backward_split(int(least)) : 1;
   const int64_t slice_vec = (nvec + split - 1) / split;
   int tpr = pow2_at_least((slice_vec + kMaxK - 1) / kMaxK), threads = 256;
