@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
   // kHold: a row's g and xhat stay in registers from the sums pass to the dx pass, where dweight and
   // dbias are summed too: about 11 operations an element instead of 19 (x, dy and w loaded and
   // widened once, xhat and g computed once). Float accumulators only (float64 spilled); not in cluster-split
-  // rows (H100, backward alone: fp32 4096x16384 342 -> 364 us, bf16 2048x12288 LN 85 -> 122).
+  // rows (H100: fp32 4096x16384 kernel 342 -> 364 us, bf16 LN 2048x12288 backward 85 -> 122).
   constexpr bool kHold = kSaved && !kSplit && kDb != kDbSmem && K * VEC <= kBackwardHoldElems && sizeof(A) == 4;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   __shared__ A sums[2][5 * 32];
@@ -258,6 +258,20 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
     cp_async_wait_pending(rms || kSaved ? stages - 1 : stages - 2);
     const V* xc = slots + int64_t(slot) * 2 * slice_vec;
     const V* gc = xc + slice_vec;
+    // With saved statistics: the row's c1 and c2 from the thread's sums of g and of g * xhat (RMSNorm: only
+    // the second, times rms_scale: 1 where it summed g * xhat, rstd where it summed g * x).
+    auto saved_coeffs = [&](A(&m)[2], A rms_scale) {
+      if (rms) {
+        A one[1] = {m[1]};
+        row_sums(one, reduce_tpr, sums[buf], split, share[buf]);
+        co.c1 = A(0);
+        co.c2 = rms_scale * one[0] * inv_n;
+      } else {
+        row_sums(m, reduce_tpr, sums[buf], split, share[buf]);
+        co.c1 = m[0] * inv_n;
+        co.c2 = m[1] * inv_n;
+      }
+    };
     if constexpr (kHold) {
       // sum g and sum g * xhat (RMSNorm's map has center and offset 0: xhat = x * rstd, the same bits).
       A m[2] = {A(0), A(0)}, gk[K][VEC], xh[K][VEC];
@@ -284,16 +298,7 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
           if constexpr (kDb == kDbRegs) db[k][e] += gs[e];
         }
       }
-      if (rms) {
-        A one[1] = {m[1]};
-        row_sums(one, reduce_tpr, sums[buf], split, share[buf]);
-        co.c1 = A(0);
-        co.c2 = one[0] * inv_n;
-      } else {
-        row_sums(m, reduce_tpr, sums[buf], split, share[buf]);
-        co.c1 = m[0] * inv_n;
-        co.c2 = m[1] * inv_n;
-      }
+      saved_coeffs(m, A(1));
       buf ^= 1;
       if (a.dx == nullptr) continue;
       const A k1 = -co.st.rstd * co.c1, k2 = -co.st.rstd * co.c2;
@@ -332,16 +337,7 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
           }
         }
       }
-      if (rms) {
-        A one[1] = {m[1]};
-        row_sums(one, reduce_tpr, sums[buf], split, share[buf]);
-        co.c1 = A(0);
-        co.c2 = co.st.rstd * one[0] * inv_n;
-      } else {
-        row_sums(m, reduce_tpr, sums[buf], split, share[buf]);
-        co.c1 = m[0] * inv_n;
-        co.c2 = m[1] * inv_n;
-      }
+      saved_coeffs(m, co.st.rstd);
     } else {
       // One pass for the corrected sums of d = x - c and d^2 (RMSNorm: x^2) and the sums of g and
       // g * d; LayerNorm adds the next row's plain sum of x / n.
