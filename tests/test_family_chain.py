@@ -117,8 +117,10 @@ def test_chain_nan_set_stays_nan():
 
 # The backward's chain (family_backward.cuh chain_backward_kernel: sets of 256 KB - 16 MB of x and dy, planes
 # of 16K+ elements, no SiLU): planes of 65536, planes starting misaligned with a partial last piece
-# (16411), 80 sets (all three ticket stretches), one plane a set (InstanceNorm's layout).
-BACKWARD_CASES = [((2, 8, 256, 256), 2), ((2, 6, 16411), 1), ((40, 4, 128, 512), 2), ((4, 8, 256, 256), 8)]
+# (16411), 80 sets (all three ticket stretches), one plane a set (InstanceNorm's layout), sets of 2-4 MB
+# (the held chain but in float64, pieces of 9216 elements a partial one a plane).
+BACKWARD_CASES = [((2, 8, 256, 256), 2), ((2, 6, 16411), 1), ((40, 4, 128, 512), 2), ((4, 8, 256, 256), 8),
+                  ((1, 4, 512, 1024), 2)]
 GRAD_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 4e-2, torch.float16: 2e-2}
 
 
@@ -171,3 +173,41 @@ def test_chain_backward_repeats_bitwise_and_leaves_silu_to_the_planes():
     got, expected = gn_grads(x, w, b, 2, dy, "silu"), reference_grads(x, w, b, 2, dy, silu=True)
     for g, e in zip(got, expected):
         assert (g.double() - e).abs().max().item() / max(1.0, e.abs().max().item()) <= GRAD_TOL[torch.bfloat16]
+
+
+# The held chains (sets of 2 MB of x or more, not float64): the forward's held_chain_kernel and the
+# backward's held_chain_backward_kernel hold a chunk or piece on chip across the set's barrier. Against the
+# lag chains they replace (FASTNORM_FAMILY_CHAIN_HOLD=0, FASTNORM_FAMILY_BWD_HOLD=0), with SiLU in the
+# forward, repeat bits, and the kernels each call takes.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_held_chains_agree_with_the_lag_chains(dtype, monkeypatch):
+    shape, groups = (3, 4, 512, 1100), 2  # sets of 2.1-4.3 MB; chunks and pieces span planes or end short
+    x = make(shape, dtype, "cuda", offset=2.0)
+    w = (torch.rand(shape[1], dtype=torch.float64) + 0.5).to("cuda", dtype)
+    b = torch.randn(shape[1], dtype=torch.float64).to("cuda", dtype)
+    dy = torch.randn(shape, device="cuda").to(dtype)
+    held = {}
+    for act in (0, 1):
+        names = kernels_of(lambda: ext().group_norm_forward(x, w, b, groups, 1e-5, act))
+        assert any("held_chain_kernel" in n for n in names), names
+        held[act] = ext().group_norm_forward(x, w, b, groups, 1e-5, act)
+        again = ext().group_norm_forward(x, w, b, groups, 1e-5, act)
+        assert all(torch.equal(a, h) for a, h in zip(again, held[act]))
+        ref = reference(x, w, b, groups, 1e-5, silu=act == 1)
+        assert rel_err(held[act][0], ref[0]) <= TOL[dtype] * 2
+        assert_stats(held[act][1], held[act][2], ref[1], ref[2], dtype)
+    names = kernels_of(lambda: gn_grads(x, w, b, groups, dy))
+    assert any("held_chain_backward_kernel" in n for n in names), names
+    grads = gn_grads(x, w, b, groups, dy)
+    assert all(torch.equal(g, h) for g, h in zip(gn_grads(x, w, b, groups, dy), grads))
+    expected = reference_grads(x, w, b, groups, dy)
+    for name, g, e in zip(("dx", "dweight", "dbias"), grads, expected):
+        assert (g.double() - e).abs().max().item() / max(1.0, e.abs().max().item()) <= GRAD_TOL[dtype], name
+    monkeypatch.setenv("FASTNORM_FAMILY_CHAIN_HOLD", "0")
+    monkeypatch.setenv("FASTNORM_FAMILY_BWD_HOLD", "0")
+    names = kernels_of(lambda: (ext().group_norm_forward(x, w, b, groups, 1e-5), gn_grads(x, w, b, groups, dy)))
+    assert not any("held_chain" in n for n in names) and any("chain_kernel" in n for n in names), names
+    lag = ext().group_norm_forward(x, w, b, groups, 1e-5)
+    assert rel_err(held[0][0], lag[0].double()) <= TOL[dtype]
+    for g, h in zip(gn_grads(x, w, b, groups, dy), grads):
+        assert (g.double() - h.double()).abs().max().item() / max(1.0, h.abs().max().item()) <= GRAD_TOL[dtype]

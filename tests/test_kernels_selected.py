@@ -121,6 +121,7 @@ SELECTIONS = [
     KernelSelection("cuda", ("norm_forward", "group_norm_forward"), frozenset({"f16"}), frozenset({"channel"})),
     KernelSelection("cuda", ("p_normalize",), frozenset({"f32"}), frozenset({"family_passes"})),
     KernelSelection("cuda", ("group_norm_forward",), frozenset({"bf16"}), frozenset({"group_chain"})),
+    KernelSelection("cuda", ("group_norm_forward",), frozenset({"f32"}), frozenset({"group_held"})),
 ]
 
 
@@ -135,9 +136,11 @@ def test_selected_sources_hold_what_was_selected_only(selection):
     for backward in ("norm_backward", "add_norm_forward", "residual_row"):
         assert backward not in text
     if device_code and selection.needs_family:  # the family's paths that were selected, and only those
-        paths = {"group_chain": "chain_kernel", "family_sets": "set_forward_kernel", "family_passes": "piece_stats_kernel"}
+        paths = {"group_chain": "chain_kernel", "group_held": "held_chain_kernel", "family_sets": "set_forward_kernel",
+                 "family_passes": "piece_stats_kernel"}
         for path, kernel in paths.items():
-            wanted = path in selection.families and (path != "group_chain" or "group_norm_forward" in selection.functions)
+            wanted = path in selection.families and (
+                not path.startswith("group_") or "group_norm_forward" in selection.functions)
             assert (re.search(rf"\b{kernel}\b", device_code) is not None) is wanted, kernel
         # the |x| and x^2 statistics of the multi-kernel path only where p_normalize is
         assert ("run_passes<T, FN_STAT_ABS_SUM>" in device_code) is (

@@ -5,6 +5,7 @@ Test names avoid the word "cuda" (conftest skips those without a GPU): the GPU t
 here, and its device code compiled where nvcc is installed.
 """
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -117,7 +118,10 @@ def _family_call(function, shape, groups=0, dtype="float32"):
 
 
 @pytest.mark.parametrize("call,paths", [
-    (_family_call("group_norm_forward", (112, 64, 512, 512), 8), {"group_chain"}),     # 8 MB sets, 896 of them
+    (_family_call("group_norm_forward", (112, 64, 512, 512), 8), {"group_held"}),      # 8 MB sets, 896 of them
+    (_family_call("group_norm_forward", (112, 64, 512, 512), 8, "float64"), {"group_chain"}),  # never held
+    (_family_call("group_norm_forward", (3, 4, 512, 1100), 2, "bfloat16"), {"group_held"}),  # 2.1 MB sets
+    (_family_call("group_norm_forward", (1, 4, 1024, 1024), 4), {"group_held"}),       # 4 MB
     (_family_call("group_norm_forward", (8, 512, 64, 64), 32), {"family_sets"}),       # 256 KB sets for every SM
     (_family_call("group_norm_forward", (4, 64, 256, 256), 16), {"group_chain"}),      # 1 MB sets, too few
     (_family_call("group_norm_forward", (2, 8, 128, 128), 4), {"family_passes"}),      # 128 KB sets, too few
@@ -139,7 +143,8 @@ def test_the_family_files_hold_only_their_paths(plans):
     for name in ("group_norm_112x64x512x512.py", "group_norm_silu_8x512x64x64.py", "batch_norm_64x64x512x512.py"):
         selection = kernel_needs.selection_for(record_calls(plans[name]), "cuda", H100)
         sources[name] = plans[name].render("cuda", selection=selection)
-    assert "chain_kernel" in sources["group_norm_112x64x512x512.py"]
+    assert "held_chain_kernel" in sources["group_norm_112x64x512x512.py"]  # the held chain only
+    assert re.search(r"\bchain_kernel\b", sources["group_norm_112x64x512x512.py"]) is None
     assert "piece_stats_kernel" not in sources["group_norm_112x64x512x512.py"]
     assert "set_forward_kernel" in sources["group_norm_silu_8x512x64x64.py"]
     assert "piece_stats_kernel" not in sources["group_norm_silu_8x512x64x64.py"]

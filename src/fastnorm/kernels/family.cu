@@ -51,7 +51,7 @@ const char* p_norm_rows_dtype(const FamilyParams& p, cudaStream_t stream, bool* 
   return *ran ? fastnorm::family::sets::run_p_norm_rows<T>(p, stream) : nullptr;
 }
 
-#ifdef FASTNORM_WANT_GROUP_CHAIN
+#if defined(FASTNORM_WANT_GROUP_CHAIN) || defined(FASTNORM_WANT_GROUP_HELD)
 template <typename T>
 const char* group_chain_dtype(const FamilyParams& p, cudaStream_t stream, int64_t* bytes) {
   using namespace fastnorm::family::chain;
@@ -69,7 +69,7 @@ const char* group_chain_dtype(const FamilyParams& p, cudaStream_t stream, int64_
 // call is fastnorm_cuda_family's); with it, it launches.
 const char* fastnorm_cuda_group_chain(const FamilyParams& p, void* stream, int64_t* bytes) {
   *bytes = 0;
-#ifdef FASTNORM_WANT_GROUP_CHAIN
+#if defined(FASTNORM_WANT_GROUP_CHAIN) || defined(FASTNORM_WANT_GROUP_HELD)
   if (p.numel == 0 || !p.x || !p.y || !p.mean || p.groups <= 0 || p.channels % p.groups != 0) return nullptr;
   const auto s = static_cast<cudaStream_t>(stream);
   return by_dtype(p.dtype, nullptr, [&](auto t) { return group_chain_dtype<decltype(t)>(p, s, bytes); });

@@ -27,7 +27,16 @@ constexpr int64_t kLongPlane = 1024;
 struct Plan {
   int64_t planes = 0, piece = 0, per_plane = 1, pieces = 0, sets = 0;
   bool warp_planes = false;
+  bool held = false;  // held_chain_backward_kernel's pieces (kHeldVecs vectors a thread)
 };
+
+// The held chain (held_chain_backward_kernel): vectors of x and of dy a thread holds in registers and in
+// shared memory; a piece is kThreads x (both) vectors.
+constexpr int kHeldRegs = 3, kHeldSmem = 6, kHeldVecs = kHeldRegs + kHeldSmem;
+template <typename T>
+static inline bool held_backward_fits(int64_t pieces_per_set);
+template <typename T>
+static inline bool held_backward_takes(const FamilyBackwardParams& p);
 
 // Vectors of x (and of dy) a thread takes in a piece: 2, or 4 on planes of 16K elements and more, where
 // a block's setup and reduction would otherwise come every 8 KB (fp32). FASTNORM_FAMILY_BWD_PIECE_VECS
@@ -45,6 +54,13 @@ static inline Plan plan_of(const FamilyBackwardParams& p) {
   pl.warp_planes = p.spatial < kLongPlane;
   if (!pl.warp_planes) {
     pl.piece = int64_t(kThreads) * (16 / int64_t(sizeof(T))) * piece_vectors(p.spatial);
+    if (held_backward_takes<T>(p)) {
+      const int64_t piece = int64_t(kThreads) * (16 / int64_t(sizeof(T))) * kHeldVecs;
+      if (held_backward_fits<T>(p.channels / p.groups * ((p.spatial + piece - 1) / piece))) {
+        pl.piece = piece;
+        pl.held = true;
+      }
+    }
     pl.per_plane = (p.spatial + pl.piece - 1) / pl.piece;
   }
   pl.pieces = pl.planes * pl.per_plane;
@@ -415,18 +431,48 @@ struct ChainTickets {
   int64_t per_set = 0, lag = 0;
 };
 
+// GroupNorm calls the chained backward takes (sets of 256 KB - 16 MB of x and dy, dx wanted, no SiLU, planes
+// of 16K elements or more).
+template <typename T>
+static inline bool chain_backward_takes(const FamilyBackwardParams& p) {
+  const int64_t per_group = p.channels / p.groups, bytes = 2 * per_group * p.spatial * int64_t(sizeof(T));
+  return p.mode == FN_BWD_GROUPS && p.dx && p.activation == FN_ACT_NONE && p.spatial >= 16384 &&
+         bytes >= (256 << 10) && bytes <= env_int("FASTNORM_FAMILY_BWD_CHAIN_KB", 16 << 10) << 10;
+}
+
 template <typename T>
 static inline ChainTickets chain_tickets(const FamilyBackwardParams& p, const Plan& pl) {
   ChainTickets ct;
-  const int64_t per_group = p.channels / p.groups, bytes = 2 * per_group * p.spatial * int64_t(sizeof(T));
-  if (p.mode != FN_BWD_GROUPS || !p.dx || p.activation != FN_ACT_NONE || p.spatial < 16384 || bytes < (256 << 10) ||
-      bytes > env_int("FASTNORM_FAMILY_BWD_CHAIN_KB", 16 << 10) << 10 || 2 * pl.pieces >= (int64_t(1) << 31)) {
-    return ct;
-  }
-  ct.per_set = per_group * pl.per_plane;
+  if (!chain_backward_takes<T>(p) || 2 * pl.pieces >= (int64_t(1) << 31)) return ct;
+  ct.per_set = p.channels / p.groups * pl.per_plane;
+  if (pl.held) return ct;
   ct.lag = chain::ticket_lag("FASTNORM_FAMILY_BWD_CHAIN_LAG_KB", 6 << 20, 2 * pl.piece * int64_t(sizeof(T)),
                              ct.per_set, pl.pieces);
   return ct;
+}
+
+// The last sums of a set: the set's (kx, k0) from its pieces' sums, weighted by w, in a fixed order over the
+// block's threads (the set's planes are set * per_group on, GroupNorm: n * C + g * per_group, its pieces
+// contiguous), then its flag raised.
+template <typename A>
+__device__ __forceinline__ void close_set(const FamilyBackwardParams& p, const Plan& pl, const ChainTickets& ct,
+                                          const Scratch<A>& ws, int64_t set) {
+  __shared__ double red[2 * 32];
+  const int64_t per_group = p.channels / p.groups, base = set * ct.per_set;
+  double d[2] = {0.0, 0.0};
+  for (int64_t i = threadIdx.x; i < ct.per_set; i += kThreads) {
+    const int64_t plane = set * per_group + i / pl.per_plane;
+    const double w = p.weight ? param_at(p.weight, p.wdtype, plane % p.channels) : 1.0;
+    d[0] = fma(w, double(__ldcg(ws.sums + 2 * (base + i))), d[0]);
+    d[1] = fma(w, double(__ldcg(ws.sums + 2 * (base + i) + 1)), d[1]);
+  }
+  group_sums<2>(d, kThreads, red);
+  if (threadIdx.x == 0) {
+    const double rstd = double(rstd_of<A>(p, set)), m = double(per_group) * double(p.spatial);
+    ws.set_k[2 * set] = A(-rstd * rstd * rstd * d[1] / m);
+    ws.set_k[2 * set + 1] = A(-rstd * d[0] / m);
+    chain::raise_flag(ws.counters, pl.sets, set);
+  }
 }
 
 template <typename T, typename A = typename AccOf<T>::type>
@@ -434,7 +480,6 @@ __global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackward
                                                                   Scratch<A> ws) {
   constexpr int kAct = FN_ACT_NONE;
   __shared__ A smem[2 * 32];
-  __shared__ double red[2 * 32];
   int64_t index;
   const bool out = chain::decode_ticket(pl.pieces, ct.lag, chain::take_ticket(ws.counters), index);
   const Piece q = piece_at(p, pl, index);
@@ -455,23 +500,7 @@ __global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackward
       ws.sums[2 * index] = s[0];
       ws.sums[2 * index + 1] = s[1];
     }
-    if (!chain::arrive_last(ws.counters, t.set, ct.per_set)) return;
-    // The set's planes are set * per_group on (GroupNorm: n * C + g * per_group), its pieces contiguous.
-    const int64_t per_group = p.channels / p.groups, base = t.set * ct.per_set;
-    double d[2] = {0.0, 0.0};
-    for (int64_t i = threadIdx.x; i < ct.per_set; i += kThreads) {
-      const int64_t plane = t.set * per_group + i / pl.per_plane;
-      const double w = p.weight ? param_at(p.weight, p.wdtype, plane % p.channels) : 1.0;
-      d[0] = fma(w, double(__ldcg(ws.sums + 2 * (base + i))), d[0]);
-      d[1] = fma(w, double(__ldcg(ws.sums + 2 * (base + i) + 1)), d[1]);
-    }
-    group_sums<2>(d, kThreads, red);
-    if (threadIdx.x == 0) {
-      const double rstd = double(rstd_of<A>(p, t.set)), m = double(per_group) * double(p.spatial);
-      ws.set_k[2 * t.set] = A(-rstd * rstd * rstd * d[1] / m);
-      ws.set_k[2 * t.set + 1] = A(-rstd * d[0] / m);
-      chain::raise_flag(ws.counters, pl.sets, t.set);
-    }
+    if (chain::arrive_last(ws.counters, t.set, ct.per_set)) close_set<A>(p, pl, ct, ws, t.set);
     return;
   }
   chain::wait_flag(ws.counters, pl.sets, t.set);
@@ -480,6 +509,117 @@ __global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackward
     const A u = xv - t.mean;
     return fma(t.scale, grad_in<kAct>(dyv, u, t), fma(kx, u, k0));
   });
+}
+
+// The held chain: a ticket is a piece whose block copies its x and dy on chip (kHeldRegs vectors of each a
+// thread in registers, kHeldSmem in shared memory), sums g and g u, waits for its set's (kx, k0) and writes
+// dx from what it holds: x and dy read once, whatever L2 keeps (the chain above re-reads them). As in the
+// forward's held chain (family_chain_kernel.cuh), a set's pieces must all be held at once: at most half the
+// blocks the device holds. Sets of 2 MB of x or more (below, the chain's re-reads find L2), aligned
+// planes of whole vectors. FASTNORM_FAMILY_BWD_HOLD=0 keeps the chain.
+template <typename T, typename A = typename AccOf<T>::type>
+__global__ void __launch_bounds__(kThreads, 4) held_chain_backward_kernel(FamilyBackwardParams p, Plan pl,
+                                                                          ChainTickets ct, Scratch<A> ws) {
+  constexpr int V = 16 / sizeof(T);
+  using Vt = Vec<T, V>;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  Vt* held = reinterpret_cast<Vt*>(dyn_smem);  // x's vector (m, thread) at m * kThreads + thread, then dy's
+  __shared__ A smem[2 * 32];
+  const int64_t index = chain::take_ticket(ws.counters);
+  const Piece q = piece_at(p, pl, index);
+  const PlaneTerms<A> tm = plane_terms<A, FN_ACT_NONE>(p, q.plane);
+  const int64_t first = q.plane * p.spatial + q.lo;
+  const Vt* xv = reinterpret_cast<const Vt*>(static_cast<const T*>(p.x) + first);
+  const Vt* gv = reinterpret_cast<const Vt*>(static_cast<const T*>(p.dy) + first);
+  const int nv = int(q.len / V), t = threadIdx.x;
+  constexpr int kDy = kHeldSmem * kThreads;  // dy's part of the shared memory
+#pragma unroll
+  for (int m = 0; m < kHeldSmem; ++m) {
+    const int i = (kHeldRegs + m) * kThreads + t;
+    if (i < nv) {
+      cp_async<16, false>(held + m * kThreads + t, xv + i);
+      cp_async<16, false>(held + kDy + m * kThreads + t, gv + i);
+    }
+  }
+  cp_async_commit();
+  Vt rx[kHeldRegs], rg[kHeldRegs];
+#pragma unroll
+  for (int m = 0; m < kHeldRegs; ++m) {
+    const int i = m * kThreads + t;
+    if (i < nv) rx[m] = load_vec<false>(xv + i), rg[m] = load_vec<false>(gv + i);
+  }
+  A s[2] = {A(0), A(0)};
+  auto add = [&](const Vt& x, const Vt& dy) {
+    A xa[V], ga[V];
+    widen(x.v, xa);
+    widen(dy.v, ga);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      s[0] += ga[e];
+      s[1] = fma(ga[e], xa[e] - tm.mean, s[1]);
+    }
+  };
+#pragma unroll
+  for (int m = 0; m < kHeldRegs; ++m) {
+    if (m * kThreads + t < nv) add(rx[m], rg[m]);
+  }
+  cp_async_wait_all();  // each thread reads back only its own copies: no barrier
+#pragma unroll 2
+  for (int m = 0; m < kHeldSmem; ++m) {
+    if ((kHeldRegs + m) * kThreads + t < nv) add(held[m * kThreads + t], held[kDy + m * kThreads + t]);
+  }
+  group_sums<2>(s, kThreads, smem);
+  if (t == 0) {
+    ws.sums[2 * index] = s[0];
+    ws.sums[2 * index + 1] = s[1];
+  }
+  if (chain::arrive_last(ws.counters, tm.set, ct.per_set)) close_set<A>(p, pl, ct, ws, tm.set);
+  chain::wait_flag(ws.counters, pl.sets, tm.set);
+  const A kx = __ldcg(ws.set_k + 2 * tm.set), k0 = __ldcg(ws.set_k + 2 * tm.set + 1);
+  Vt* dxv = reinterpret_cast<Vt*>(static_cast<T*>(p.dx) + first);
+  auto out = [&](int i, const Vt& x, const Vt& dy) {
+    A xa[V], ga[V];
+    widen(x.v, xa);
+    widen(dy.v, ga);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const A u = xa[e] - tm.mean;
+      xa[e] = fma(tm.scale, ga[e], fma(kx, u, k0));
+    }
+    store_vec<false>(dxv + i, pack<T>(xa));
+  };
+#pragma unroll
+  for (int m = 0; m < kHeldRegs; ++m) {
+    if (m * kThreads + t < nv) out(m * kThreads + t, rx[m], rg[m]);
+  }
+#pragma unroll 2
+  for (int m = 0; m < kHeldSmem; ++m) {
+    const int i = (kHeldRegs + m) * kThreads + t;
+    if (i < nv) out(i, held[m * kThreads + t], held[kDy + m * kThreads + t]);
+  }
+}
+
+static inline size_t held_backward_smem(int64_t vec_bytes) { return size_t(2 * kHeldSmem * kThreads * vec_bytes); }
+
+template <typename T>
+static inline bool held_backward_takes(const FamilyBackwardParams& p) {
+  constexpr int64_t V = 16 / sizeof(T);
+  const int64_t set_bytes = p.channels / p.groups * p.spatial * int64_t(sizeof(T));
+  return sizeof(T) < 8 && env_int("FASTNORM_FAMILY_BWD_HOLD", 1) != 0 && chain_backward_takes<T>(p) &&
+         set_bytes >= (2 << 20) && p.spatial % V == 0 && aligned16(p.x) && aligned16(p.dy) && aligned16(p.dx);
+}
+
+template <typename T>
+static inline bool held_backward_fits(int64_t pieces_per_set) {
+  if constexpr (sizeof(T) == 8) {
+    return false;  // float64 would spill
+  } else {
+    const void* kernel = reinterpret_cast<const void*>(held_chain_backward_kernel<T>);
+    const size_t smem = held_backward_smem(16);
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    const int per_sm = blocks_per_sm(kernel, kThreads, smem);
+    return per_sm > 0 && 2 * pieces_per_set <= int64_t(per_sm) * device_info().sms;
+  }
 }
 
 template <typename T, int kAct>
@@ -519,7 +659,13 @@ static const char* run_backward(const FamilyBackwardParams& p, cudaStream_t stre
   const ChainTickets ct = chain_tickets<T>(p, pl);
   if (ct.per_set > 0) {
     chain::clear_chain_counters(ws.counters, pl.sets, stream);
-    chain_backward_kernel<T><<<unsigned(2 * pl.pieces), kThreads, 0, stream>>>(p, pl, ct, ws);
+    if (pl.held) {
+      if constexpr (sizeof(T) < 8) {
+        held_chain_backward_kernel<T><<<unsigned(pl.pieces), kThreads, held_backward_smem(16), stream>>>(p, pl, ct, ws);
+      }
+    } else {
+      chain_backward_kernel<T><<<unsigned(2 * pl.pieces), kThreads, 0, stream>>>(p, pl, ct, ws);
+    }
     launch_finalize<A>(p, pl, ws, false, channel_terms, stream);
     return launch_result(cudaGetLastError());
   }

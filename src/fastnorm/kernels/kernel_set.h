@@ -25,11 +25,12 @@
 #define FASTNORM_WANT_RESIDUAL   // the fused residual add of add_norm_forward: residual_rows.cuh
 // Forward paths of the normalization family: a block a set (family_set_kernels.cuh), the multi-kernel path
 // (family_kernels.cuh) and its p-norm statistics (|x| and x^2 sums, p_normalize's alone), GroupNorm's
-// chained sets (family_chain_kernel.cuh).
+// chained sets (family_chain_kernel.cuh: the lag chain, and the held chain of sets of 2 MB up).
 #define FASTNORM_WANT_FAMILY_SETS
 #define FASTNORM_WANT_FAMILY_PASSES
 #define FASTNORM_WANT_P_NORM
 #define FASTNORM_WANT_GROUP_CHAIN
+#define FASTNORM_WANT_GROUP_HELD
 #endif
 
 // What a call answers when its dtype or kernel family was left out of the build (the solver looks for

@@ -15,10 +15,11 @@ DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf1
 # norm_forward's kernel families (planner.cuh), in the planner's order of preference; the CPU kernels
 # have "row" (last-dim rows) and "channel" (a non-trailing axis) only. Then the CUDA forward paths of the
 # normalization family (family.cu): "family_sets" (a block a set), "family_passes" (the multi-kernel path) and
-# "group_chain" (group_norm_forward's chained sets of 256 KB - 16 MB).
+# "group_chain" (group_norm_forward's chained sets of 256 KB - 16 MB), "group_held" (the held chain, of those
+# sets of 2 MB and more; not float64).
 FAMILIES = {
     "cuda": ("resident", "streamed", "cluster", "few_rows", "offset_rows", "split", "split_uncached", "row", "channel", "residual",
-             "family_sets", "family_passes", "group_chain"),
+             "family_sets", "family_passes", "group_chain", "group_held"),
     "cpu": ("row", "channel"),
 }
 

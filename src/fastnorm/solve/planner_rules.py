@@ -231,6 +231,9 @@ SET_MAX_BYTES = 1 << 20          # family_set_kernels.cuh set_max_bytes
 SET_WARPS = 32                   # family_set_kernels.cuh kWarps
 CHAIN_MIN_BYTES = 256 << 10      # family_chain_kernel.cuh chain_plan
 CHAIN_MAX_BYTES = 16 << 20
+HELD_MIN_BYTES = 2 << 20         # held_chain_kernel: sets of 2 MB up, chunks of 20 vectors of 16 bytes a thread,
+HELD_CHUNK_BYTES = 256 * 20 * 16  # a set's chunks at most half the blocks held at once (4 an SM)
+HELD_BLOCKS_PER_SM = 4
 LONG_ROW = 2048                  # family_kernels.cuh kLongRow
 
 
@@ -254,21 +257,26 @@ def _set_path_takes(call: ExtensionCall, dev: CudaDevice, batch: bool) -> bool:
     return 2 * runs * segs * 8 <= 32 * 1024
 
 
-def group_chain_takes(call: ExtensionCall, dev: CudaDevice) -> bool:
-    """family_chain_kernel.cuh chain_plan, for a contiguous input and the tuning variables unset."""
+def group_chain_takes(call: ExtensionCall, dev: CudaDevice) -> str:
+    """family_chain_kernel.cuh chain_plan, for a contiguous input and the tuning variables unset: "group_held"
+    (the held chain), "group_chain" (the lag chain) or "" (neither)."""
     if call.function != "group_norm_forward" or len(call.shape) < 3 or call.groups <= 0:
-        return False
+        return ""
     size = elem_size(call.dtype)
     _, channels, spatial = _family_dims(call)
     set_bytes = channels // call.groups * spatial * size
     if spatial < LONG_ROW or spatial % (16 // size) or not CHAIN_MIN_BYTES <= set_bytes <= CHAIN_MAX_BYTES:
-        return False
-    return not _set_path_takes(call, dev, batch=False)
+        return ""
+    if _set_path_takes(call, dev, batch=False):
+        return ""
+    chunks = _ceil(set_bytes, HELD_CHUNK_BYTES)
+    held = size < 8 and set_bytes >= HELD_MIN_BYTES and 2 * chunks <= HELD_BLOCKS_PER_SM * dev.sms
+    return "group_held" if held else "group_chain"
 
 
 def family_paths(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevice()) -> frozenset:
     """The family.cu forward paths a group_norm_forward / batch_norm_forward / p_normalize call may take on
-    CUDA: "group_chain", "family_sets" (a block a set), "family_passes" (the multi-kernel path). BatchNorm and
+    CUDA: "group_held", "group_chain", "family_sets" (a block a set), "family_passes" (the multi-kernel path). BatchNorm and
     the p-norms keep the multi-kernel path always: BatchNorm's eval calls (running statistics) take it and
     record the same as its training calls, and p_normalize's rows kernel has an entry of its own."""
     if device_type != "cuda" or call.function not in ("group_norm_forward", "batch_norm_forward", "p_normalize"):
@@ -277,7 +285,8 @@ def family_paths(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDe
         return frozenset({"family_passes"})
     if call.function == "batch_norm_forward":
         return frozenset({"family_passes"} | ({"family_sets"} if _set_path_takes(call, dev, batch=True) else set()))
-    if group_chain_takes(call, dev):
-        return frozenset({"group_chain"})
+    chain = group_chain_takes(call, dev)
+    if chain:
+        return frozenset({chain})
     return frozenset({"family_sets" if _set_path_takes(call, dev, batch=False) else "family_passes"})
 
