@@ -434,3 +434,27 @@ BAD_CALLS = [
 def test_bad_input(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_backward_gets_no_zero_gradients_for_the_statistics():
+    """mean / var (GroupNorm, BatchNorm) and lse / valid (cross_entropy) take no gradient: autograd passes
+    None for them instead of allocating and filling zero tensors on every step."""
+    import fastnorm
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 6, 6, requires_grad=True)
+    w, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+    logits, target = torch.randn(6, 10, requires_grad=True), torch.randint(0, 10, (6,))
+    steps = {"group_norm": lambda: fastnorm.group_norm(x, 4, w, b),
+             "batch_norm": lambda: fastnorm.batch_norm(x, None, None, w, b, training=True),
+             "cross_entropy": lambda: fastnorm.cross_entropy(logits, target)}
+    for name, step in steps.items():
+        out = step()
+        grad_out = torch.randn_like(out)
+        leaves = [logits] if name == "cross_entropy" else [x, w, b]
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            grads = torch.autograd.grad(out, leaves, grad_out)
+        assert all(g is not None for g in grads)
+        # autograd materializes a missing gradient with aten::zeros (the kernels' own buffers use other calls)
+        assert not [e for e in prof.key_averages() if e.key == "aten::zeros"], name

@@ -88,6 +88,9 @@ def _setup_context(ctx, inputs, output):
     logits, target, ignore_index, reduction = inputs
     ctx.ignore_index, ctx.reduction = ignore_index, reduction
     ctx.save_for_backward(logits, target, output[1], output[2])
+    # lse and valid carry no gradient: None in the backward, not zero tensors allocated and filled each step
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dloss, _dlse, _dvalid):  # lse and valid are the backward's, not differentiable
