@@ -243,7 +243,7 @@ def test_run_with_a_baseline_of_another_mode_stops_before_running(tmp_path, caps
     assert cli.main(RUN + ["--baseline", str(old_path)]) == 2
     assert "the baseline timed --mode train, the new run --mode fwd" in capsys.readouterr().out
     assert cli.main(["--device", "cpu", "--suite", "model", "--baseline", str(old_path)]) == 2
-    assert "--suite model has rows of its own" in capsys.readouterr().out
+    assert "--suite model does not" in capsys.readouterr().out
     assert not (tmp_path / "benchmarks").exists()
 
 
@@ -256,3 +256,69 @@ def test_run_on_another_device_warns_before_and_after(tmp_path, capsys, fake_ben
     out = capsys.readouterr().out
     assert out.count(f"warning: the baseline ran on {H100}") == 2
     assert out.index("warning") < out.index("[1/")
+
+
+# --suite family documents: rows of problems/ files, fastnorm's ModelNew in milliseconds, matched by problem.
+def family_row(problem, fastnorm_ms, ok=True):
+    return {"problem": problem, "input": "float32 (8, 8)", "bytes": 512, "ok": ok, "eager_ms": 1.0,
+            "compile_ms": 1.0, "fastnorm_ms": fastnorm_ms if ok else None, "pct_copy": 50.0,
+            "note": "" if ok else "wrong output"}
+
+
+def family_doc(rows, mode="fwd", device=H100):
+    return {"suite": "family", "device": device, "torch": "2.11.0+cu130", "fastnorm_commit": "abc1234",
+            "copy_bandwidth_gbs": 3000.0, "timing": "device", "mode": mode, "rows": rows}
+
+
+def test_family_rows_compare_by_problem(tmp_path):
+    old = family_doc([family_row("group_norm_a", 6.65), family_row("batch_norm_b", 4.25), family_row("l2_c", 6.0),
+                      family_row("gone_d", 1.0)])
+    new = family_doc([family_row("batch_norm_b", 4.60), family_row("group_norm_a", 6.05),
+                      family_row("l2_c", 6.1), family_row("new_e", 2.0), family_row("gone_d", 0, ok=False)])
+    result = baseline.compare(new, old, 0.05, path="old.json")
+    assert [(c.suite, c.label, c.baseline_us, c.new_us) for c in result.regressed] == \
+        [("family", "batch_norm_b", pytest.approx(4250.0), pytest.approx(4600.0))]
+    assert [c.label for c in result.improved] == ["group_norm_a"] and [c.label for c in result.within] == ["l2_c"]
+    assert result.only_new == ["family: new_e"] and result.status == 1
+    assert result.not_compared == ["family: gone_d (new: wrong output)"]
+    assert "family batch_norm_b 4250 4600 1.082x" in " ".join(result.format().split())
+    # a family run against norm rows, or the other way round, measures different things
+    with pytest.raises(baseline.BaselineError, match="family rows, the new run norm rows"):
+        baseline.compare(doc([row(LN, 1.0)]), old)
+    with pytest.raises(baseline.BaselineError, match="--mode fwd, the new run --mode train"):
+        baseline.compare(family_doc([family_row("group_norm_a", 1.0)], mode="train"), old)
+
+
+def test_family_documents_load_and_the_committed_one_compares_with_itself(tmp_path):
+    for name, bad in (("mixed.json", family_doc([family_row("a", 1.0), row(LN, 1.0)])),
+                      ("twice.json", family_doc([family_row("a", 1.0), family_row("a", 2.0)]))):
+        with pytest.raises(baseline.BaselineError, match=name):
+            baseline.load(write(tmp_path / name, bad))
+    committed = baseline.load(RESULTS / "h100-family.json")
+    result = baseline.compare(committed, committed)
+    assert result.status == 0 and result.compared == len(committed["rows"]) and not result.improved
+
+
+def test_family_compare_files_exit_statuses(tmp_path, capsys):
+    old = write(tmp_path / "old.json", family_doc([family_row("a", 1.0), family_row("b", 2.0)]))
+    slower = write(tmp_path / "slower.json", family_doc([family_row("a", 1.2), family_row("b", 2.0)]))
+    failed = write(tmp_path / "failed.json", family_doc([family_row("a", 0, ok=False), family_row("b", 1.0)]))
+    same = write(tmp_path / "same.json", family_doc([family_row("a", 1.01), family_row("b", 1.99)]))
+    assert cli.main(["--compare", str(slower), "--baseline", str(old)]) == 1
+    assert "1 of 2 rows REGRESSED" in capsys.readouterr().out
+    assert cli.main(["--compare", str(failed), "--baseline", str(old)]) == 1
+    assert "FAILED checks in" in capsys.readouterr().out
+    assert cli.main(["--compare", str(same), "--baseline", str(old)]) == 0
+
+
+def test_family_suite_takes_a_family_baseline_only(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    family = write(tmp_path / "family.json", family_doc([family_row("a", 1.0)]))
+    norm = write(tmp_path / "norm.json", doc([row(LN, 1.0)], mode="fwd"))
+    assert cli.main(["--device", "cpu", "--suite", "family", "--baseline", str(norm)]) == 2
+    assert "the baseline has norm rows, the new run family rows" in capsys.readouterr().out
+    assert cli.main(["--device", "cpu", "--suite", "family,model", "--baseline", str(family)]) == 2
+    assert "--suite family, model does not" in capsys.readouterr().out
+    # accepted, then the family suite itself needs a GPU
+    assert cli.main(["--device", "cpu", "--suite", "family", "--baseline", str(family)]) == 2
+    assert "it needs a CUDA device" in capsys.readouterr().out

@@ -3,7 +3,8 @@ the rows where fastnorm's median got slower by more than a tolerance, worst firs
 side has.
 
 Rows are matched by what they measure (suite, op, dtype, shape, normalized dims, parameters, layout),
-not by position or label, so a filtered run or a longer suite still lines up. Times of different modes
+not by position or label, so a filtered run or a longer suite still lines up. `--suite family` documents
+(rows of problems/ files, fastnorm's ModelNew in milliseconds) compare with each other, by problem. Times of different modes
 measure different work, so a mode mismatch is refused; a different device or timing method only warns:
 comparing across GPUs is a legitimate use, but the ratios then measure the devices as well as the code.
 """
@@ -30,15 +31,33 @@ def doc_mode(doc: dict) -> str:
     return doc.get("mode") or "fwd"  # documents written before --mode existed timed the forward
 
 
+def is_family_row(row: dict) -> bool:
+    """A --suite family row (a problems/ file and its ModelNew), not a norm call's."""
+    return "problem" in row
+
+
+def doc_kind(doc: dict) -> str:
+    return "family" if doc.get("suite") == "family" else "norm"
+
+
 def row_key(row: dict) -> tuple:
     """What a row measures. The label is left out: it is derived from these fields (all but affine),
-    and documents written before it existed have none. offset and pad default to 0 for the same reason."""
+    and documents written before it existed have none. offset and pad default to 0 for the same reason.
+    A family row is its problem (the file fixes the shapes and dtypes)."""
+    if is_family_row(row):
+        return ("family", str(row["problem"]))
     return (row["suite"], row["op"], row["dtype"], tuple(row["shape"]), tuple(row["normalized"]),
             bool(row["affine"]), row.get("offset", 0), row.get("pad", 0))
 
 
+def row_suite(row: dict) -> str:
+    return "family" if is_family_row(row) else row["suite"]
+
+
 def case_label(row: dict) -> str:
     """The row's label, rebuilt from its fields where the document has none."""
+    if is_family_row(row):
+        return str(row["problem"])
     if row.get("label"):
         return row["label"]
     try:
@@ -50,24 +69,31 @@ def case_label(row: dict) -> str:
 
 def row_label(row: dict) -> str:
     """'suite: label': labels repeat across suites (the train suite reuses last-dim shapes)."""
-    return f"{row['suite']}: {case_label(row)}"
+    return f"{row_suite(row)}: {case_label(row)}"
 
 
 def fastnorm_us(row: dict) -> Optional[float]:
     """fastnorm's median in microseconds, None where it was not timed (failed check, skipped row)."""
+    if is_family_row(row):
+        ms = row.get("fastnorm_ms") if row.get("ok") else None
+        us = 1000.0 * ms if isinstance(ms, (int, float)) else None
+        return us if us is not None and math.isfinite(us) and us > 0 else None
     impl = (row.get("impls") or {}).get("fastnorm") or {}
     us = impl.get("median_us")
     return float(us) if isinstance(us, (int, float)) and math.isfinite(us) and us > 0 else None
 
 
 def _untimed_reason(row: dict) -> str:
+    if is_family_row(row):
+        return row.get("note") or ("failed" if not row.get("ok") else "not timed")
     if row.get("status") not in (None, "ok"):
         return row["status"]
     return ((row.get("impls") or {}).get("fastnorm") or {}).get("note") or "not timed"
 
 
 def load(path) -> dict:
-    """A bench JSON with norm rows (what `fastnorm bench --json` writes), or BaselineError saying why not."""
+    """A bench JSON with norm rows (what `fastnorm bench --json` writes) or a --suite family one, or
+    BaselineError saying why not."""
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -75,14 +101,17 @@ def load(path) -> dict:
     rows = doc.get("rows") if isinstance(doc, dict) else None
     if not isinstance(rows, list) or not rows:
         raise BaselineError(f"{path}: not a bench JSON (no rows)")
-    if doc.get("suite") in ("model", "family"):  # their documents have rows of their own kind
-        raise BaselineError(f"{path}: a --suite {doc['suite']} JSON; only the norm rows' JSONs compare")
+    if doc.get("suite") == "model":  # its rows are whole training steps, of their own kind
+        raise BaselineError(f"{path}: a --suite model JSON; norm rows' and family rows' JSONs compare")
+    family = doc_kind(doc) == "family"
     seen = set()
     for i, row in enumerate(rows):
         try:
+            if not isinstance(row, dict) or is_family_row(row) != family:
+                raise TypeError("not a " + ("family" if family else "norm") + " row")
             key = row_key(row)
             hash(key)  # a shape of lists would fail the lookups later
-            if not isinstance(row.get("impls"), dict):
+            if not family and not isinstance(row.get("impls"), dict):
                 raise KeyError("impls")
         except (KeyError, TypeError, AttributeError) as exc:
             detail = f"no {exc}" if isinstance(exc, KeyError) else str(exc)
@@ -95,7 +124,11 @@ def load(path) -> dict:
 
 def check_compatible(run: dict, baseline: dict) -> List[str]:
     """Warnings about what makes the two sets of times less comparable; BaselineError where they
-    measure different things. `run` needs only mode, device and settings (checked before a run starts)."""
+    measure different things. `run` needs only mode, device and settings (checked before a run starts;
+    `suite` too where it is the family's)."""
+    if doc_kind(run) != doc_kind(baseline):
+        raise BaselineError(f"the baseline has {doc_kind(baseline)} rows, the new run {doc_kind(run)} rows: "
+                            f"they measure different things")
     if doc_mode(run) != doc_mode(baseline):
         raise BaselineError(f"the baseline timed --mode {doc_mode(baseline)}, the new run --mode "
                             f"{doc_mode(run)}: their times measure different work")
@@ -104,12 +137,17 @@ def check_compatible(run: dict, baseline: dict) -> List[str]:
         warnings.append(f"the baseline ran on {baseline.get('device') or 'an unnamed device'}, the new run on "
                         f"{run.get('device') or 'an unnamed device'}: the ratios measure the devices too")
     for name, default in _TIME_SETTINGS.items():
-        ours = (run.get("settings") or {}).get(name, default)
-        theirs = (baseline.get("settings") or {}).get(name, default)
+        ours, theirs = _setting(run, name, default), _setting(baseline, name, default)
         if ours != theirs:
             warnings.append(f"the baseline ran with {name} {theirs}, the new run with {ours}: "
                             f"times taken differently")
     return warnings
+
+
+def _setting(doc: dict, name: str, default):
+    """A timing setting of a document: under "settings", or at the top (family documents' "timing")."""
+    settings = doc.get("settings") or {}
+    return settings[name] if name in settings else doc.get(name, default)
 
 
 @dataclass
@@ -209,7 +247,7 @@ def compare(run: dict, baseline: dict, tolerance: float = DEFAULT_TOLERANCE, pat
                                                                           ("new", row, now)) if us is None]
             result.not_compared.append(f"{row_label(row)} ({', '.join(sides)})")
             continue
-        change = RowChange(row["suite"], case_label(row), before, now)
+        change = RowChange(row_suite(row), case_label(row), before, now)
         if now > before * (1 + tolerance):
             result.regressed.append(change)
         elif now < before * (1 - tolerance):

@@ -158,7 +158,8 @@ def compare_files(new_path: Path, old_path: Path, tolerance: float, markdown: bo
     log(f"new: {new_path} (fastnorm {new.get('fastnorm_commit') or '?'}, {new.get('device') or '?'}, "
         f"torch {new.get('torch') or '?'})")
     log(comparison.format(markdown))
-    failed = [baseline.row_label(r) for r in new["rows"] if r.get("status") == "failed"]
+    failed = [baseline.row_label(r) for r in new["rows"]
+              if (not r.get("ok") if baseline.is_family_row(r) else r.get("status") == "failed")]
     if failed:
         log(f"FAILED checks in {new_path}: {', '.join(failed)}")
     return 1 if failed else comparison.status
@@ -168,13 +169,16 @@ def load_baseline(args, device: torch.device):
     """--baseline, read and checked against this run's settings before anything runs: (document,
     None), or (None, exit status) after saying why it cannot be compared."""
     own = [s for s in args.suite or [] if s in OWN_TABLE_SUITES]
-    if own:
-        log(f"fastnorm bench: --baseline compares norm rows; --suite {', '.join(own)} has rows of its own")
+    if own and (own != ["family"] or args.suite != ["family"]):
+        log(f"fastnorm bench: --baseline compares norm rows, or --suite family alone with a family JSON; "
+            f"--suite {', '.join(args.suite)} does not")
         return None, 2
     try:
         doc = baseline.load(args.baseline)
         planned = {"mode": args.mode, "device": report.device_name(device),
                    "settings": {"timing": args.timing, "flush_l2": args.flush_l2}}
+        if own:
+            planned["suite"] = "family"
         warnings = baseline.check_compatible(planned, doc)
     except baseline.BaselineError as exc:
         log(f"fastnorm bench --baseline: {exc}")
@@ -184,7 +188,7 @@ def load_baseline(args, device: torch.device):
     return doc, None
 
 
-def run_model_suite(device: torch.device, args, use_compile: bool) -> int:
+def run_model_suite(device: torch.device, args, use_compile: bool, base_doc=None) -> int:
     """--suite model: its own rows (a whole model, not a norm call), table and JSON."""
     log(f"fastnorm bench --suite model on {report.device_name(device)} (torch {torch.__version__})")
     rows = model_suite.run(device.type, reps=3 if args.quick else 20, use_compile=use_compile, log=log)
@@ -199,7 +203,7 @@ def run_model_suite(device: torch.device, args, use_compile: bool) -> int:
     return 1 if any(r.ms is None for r in rows) else 0
 
 
-def run_family_suite(device: torch.device, args, use_compile: bool) -> int:
+def run_family_suite(device: torch.device, args, use_compile: bool, base_doc=None) -> int:
     """--suite family: each problems/ file with a solutions/ ModelNew, eager / torch.compile / ModelNew."""
     log(f"fastnorm bench --suite family on {report.device_name(device)} (torch {torch.__version__})")
     if device.type != "cuda":
@@ -225,12 +229,20 @@ def run_family_suite(device: torch.device, args, use_compile: bool) -> int:
     suffix = "-train" if args.mode == "train" else ""
     json_path = (args.json if args.json and args.suite == ["family"] else
                  Path("benchmarks/results") / f"bench-{report.slug(report.device_name(device))}-family{suffix}.json")
-    report.write_json(family_suite.to_json(device, rows, copy_bw, args.timing, args.mode), json_path)
+    doc = family_suite.to_json(device, rows, copy_bw, args.timing, args.mode)
+    status = 1 if any(not r.ok for r in rows) else 0
+    if base_doc is not None:  # as the norm rows' runs do: the report after the table, the JSON gets it too
+        comparison = baseline.compare(doc, base_doc, args.baseline_tolerance, path=args.baseline)
+        doc["baseline"] = comparison.to_json()
+        log("\n" + comparison.format(args.markdown))
+        status = max(status, comparison.status)
+    report.write_json(doc, json_path)
     log(f"wrote {json_path}")
-    return 1 if any(not r.ok for r in rows) else 0
+    return status
 
 
-# Suites with rows of their own (not BenchCase rows): name -> runner(device, args, use_compile) -> exit status.
+# Suites with rows of their own (not BenchCase rows): name -> runner(device, args, use_compile, base_doc) -> exit
+# status (base_doc: the --baseline document, which only the family suite takes).
 OWN_TABLE_SUITES = {"model": run_model_suite, "family": run_family_suite}
 
 
@@ -260,7 +272,7 @@ def main(argv=None) -> int:
     min_trials = args.min_trials or min(base.min_trials, max_trials)
     own = [s for s in OWN_TABLE_SUITES if args.suite and s in args.suite]
     if own:
-        status = max(OWN_TABLE_SUITES[name](device, args, use_compile) for name in own)
+        status = max(OWN_TABLE_SUITES[name](device, args, use_compile, base_doc) for name in own)
         args.suite = [s for s in args.suite if s not in OWN_TABLE_SUITES]
         if not args.suite:
             return status
