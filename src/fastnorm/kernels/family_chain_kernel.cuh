@@ -284,10 +284,10 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(FamilyParams p, ChainPl
 // thread, 6 blocks an SM) 7.37 ms, registers and 8 in shared memory 6.09: what counts is the bytes held an
 // SM (here 320 KB). Polling the flag every 30-1500 ns instead of 100: level or slower. The chunk's weights
 // and biases loaded before the wait (chunk_params), not after the flag: 6.135 -> 6.093 ms, bf16 3.075 -> 3.034
-// (back-to-back calls, no L2 flush). A block waits holding its chunk, so a set's chunks
-// must all be held at once: the plan takes it only where a set's chunks are at most half the blocks the
-// device holds (tickets go in start order, so the blocks that wait hold the earliest unfinished set's
-// chunks, and its last chunk always finds a block).
+// (back-to-back calls, no L2 flush). A block waits holding its chunk, so a set's chunks must all be held at
+// once: the plan takes it only where a set's chunks are at most half the blocks the device holds (tickets go
+// in start order, so the blocks that wait hold the earliest unfinished set's chunks, and its last chunk
+// always finds a block).
 template <typename T, int kAct, typename A = typename AccOf<T>::type>
 __global__ void __launch_bounds__(kThreads, 4) held_chain_kernel(FamilyParams p, ChainPlan cp, ChainWorkspace<A> ws) {
   constexpr int V = 16 / sizeof(T), kRegs = kHeldRegs, kSmem = kHeldSmem;
@@ -343,7 +343,9 @@ __global__ void __launch_bounds__(kThreads, 4) held_chain_kernel(FamilyParams p,
   __syncthreads();
   Vt* yv = reinterpret_cast<Vt*>(static_cast<T*>(p.y) + set * cp.set_len + lo);
   const uint32_t spatial = uint32_t(cp.spatial), first = uint32_t(lo % cp.spatial);
-  auto out = [&](int i, const Vt& v) { store_vec<false>(yv + i, normalize_vec<kAct>(v, coef, (first + uint32_t(i) * V) / spatial)); };
+  auto out = [&](int i, const Vt& v) {
+    store_vec<false>(yv + i, normalize_vec<kAct>(v, coef, (first + uint32_t(i) * V) / spatial));
+  };
 #pragma unroll
   for (int m = 0; m < kRegs; ++m) {
     if (m * kThreads + t < nv) out(m * kThreads + t, regs[m]);
@@ -354,7 +356,6 @@ __global__ void __launch_bounds__(kThreads, 4) held_chain_kernel(FamilyParams p,
   }
 }
 
-
 static inline size_t held_chain_smem() { return size_t(kHeldSmem) * kThreads * 16; }
 
 // Whether a set of `chunks` held chunks fits the held chain: at most half the blocks the device holds.
@@ -363,11 +364,11 @@ static inline bool held_chain_fits(int64_t chunks) {
   if constexpr (sizeof(T) == 8) {
     return false;  // float64's registers would spill
   } else {
-    const void* none = reinterpret_cast<const void*>(held_chain_kernel<T, FN_ACT_NONE>);
-    const void* silu = reinterpret_cast<const void*>(held_chain_kernel<T, FN_ACT_SILU>);
-    cudaFuncSetAttribute(none, cudaFuncAttributeMaxDynamicSharedMemorySize, int(held_chain_smem()));
-    cudaFuncSetAttribute(silu, cudaFuncAttributeMaxDynamicSharedMemorySize, int(held_chain_smem()));
-    const int per_sm = blocks_per_sm(none, kThreads, held_chain_smem());
+    static const bool allowed = (allow_smem(held_chain_kernel<T, FN_ACT_NONE>),  // over 48 KB: asked once
+                                 allow_smem(held_chain_kernel<T, FN_ACT_SILU>), true);
+    (void)allowed;
+    const int per_sm =
+        blocks_per_sm(reinterpret_cast<const void*>(held_chain_kernel<T, FN_ACT_NONE>), kThreads, held_chain_smem());
     return per_sm > 0 && 2 * chunks <= int64_t(per_sm) * device_info().sms;
   }
 }
