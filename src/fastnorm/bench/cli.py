@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", type=Path, metavar="JSON",
                    help="compare fastnorm's median in each row with the same row of this bench JSON (same "
                         "--mode; e.g. benchmarks/results/h100-train.json): rows more than --baseline-tolerance "
-                        "slower are listed worst first and the exit status is 1")
+                        "slower are listed worst first and the exit status is 1; --suite family alone takes a "
+                        "family JSON, e.g. benchmarks/results/h100-family.json)")
     p.add_argument("--baseline-tolerance", type=_tolerance, default=baseline.DEFAULT_TOLERANCE,
                    metavar="FRACTION", help=f"how much slower than the baseline a row may be (default "
                                             f"{baseline.DEFAULT_TOLERANCE:g}; 5%% also works)")
