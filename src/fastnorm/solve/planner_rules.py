@@ -276,9 +276,9 @@ def group_chain_takes(call: ExtensionCall, dev: CudaDevice) -> str:
 
 def family_paths(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevice()) -> frozenset:
     """The family.cu forward paths a group_norm_forward / batch_norm_forward / p_normalize call may take on
-    CUDA: "group_held", "group_chain", "family_sets" (a block a set), "family_passes" (the multi-kernel path). BatchNorm and
-    the p-norms keep the multi-kernel path always: BatchNorm's eval calls (running statistics) take it and
-    record the same as its training calls, and p_normalize's rows kernel has an entry of its own."""
+    CUDA: "group_held", "group_chain", "family_sets" (a block a set), "family_passes" (the multi-kernel path).
+    BatchNorm and the p-norms keep the multi-kernel path always: BatchNorm's eval calls (running statistics) take
+    it and record the same as its training calls, and p_normalize's rows kernel has an entry of its own."""
     if device_type != "cuda" or call.function not in ("group_norm_forward", "batch_norm_forward", "p_normalize"):
         return frozenset()
     if call.function == "p_normalize":
