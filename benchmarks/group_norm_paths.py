@@ -11,10 +11,13 @@ Results: benchmarks/results/h100-family-ab.txt (session 28).
 """
 import argparse
 import os
+import sys
+from pathlib import Path
 
 import torch
 
-from fastnorm.ops import extension
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fastnorm_dev.measure import events_ms, group_norm_call  # noqa: E402
 
 CASES = [((112, 64, 512, 512), 8, torch.float32), ((112, 64, 512, 512), 8, torch.bfloat16),
          ((16, 128, 256, 256), 8, torch.float32), ((32, 256, 128, 128), 32, torch.bfloat16),
@@ -25,16 +28,7 @@ CASES = [((112, 64, 512, 512), 8, torch.float32), ((112, 64, 512, 512), 8, torch
 def median_ms(fn, reps=20):
     for _ in range(3):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    rounds = []
-    for _ in range(3):
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        rounds.append(start.elapsed_time(end) / reps)
-    return sorted(rounds)[1]
+    return sorted(events_ms(fn, reps) for _ in range(3))[1]
 
 
 def with_chain(on, fn, switch="FASTNORM_FAMILY_CHAIN_KB"):
@@ -51,30 +45,17 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("group_norm_paths.py: needs a CUDA GPU")
-    import fastnorm
-
-    ext = extension.load("cuda")
     switch = "FASTNORM_FAMILY_BWD_CHAIN_KB" if args.backward else "FASTNORM_FAMILY_CHAIN_KB"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: {'backward' if args.backward else 'forward'}")
     for shape, groups, dtype in CASES:
-        x = torch.randn(shape, device="cuda", dtype=dtype)
-        w = torch.randn(shape[1], device="cuda", dtype=dtype)
-        b = torch.randn_like(w)
-        leaves = y = dy = None
-        if args.backward:
-            leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-            y = fastnorm.group_norm(leaves[0], groups, leaves[1], leaves[2])
-            dy = torch.randn_like(y)
-            call = lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)
-        else:
-            call = lambda: ext.group_norm_forward(x, w, b, groups, 1e-5)
+        call, x = group_norm_call(shape, groups, dtype, args.backward)
         first = with_chain(True, call, switch)
         multi = with_chain(False, call, switch)
         chain = min(first, with_chain(True, call, switch))  # the chain before and after the path it replaces
         set_mb = x.numel() // (shape[0] * groups) * x.element_size() / 2**20
         print(f"{str(dtype)[6:]:8} {str(shape):22} g{groups:<3} set {set_mb:6.2f} MB  chain {chain:.4f} ms  "
               f"multi {multi:.4f} ms  ratio {multi / chain:.3f}", flush=True)
-        x = call = leaves = y = dy = None  # free this shape's tensors before the next
+        x = call = None  # free this shape's tensors before the next
 
 
 if __name__ == "__main__":

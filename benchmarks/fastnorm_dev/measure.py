@@ -39,6 +39,37 @@ def device_time(fn, flush, reps=30, sync_after_flush=False) -> float:
     return times[len(times) // 2] * 1e-3
 
 
+def events_ms(fn, reps) -> float:
+    """Milliseconds a call of `fn` over `reps` back-to-back calls between two CUDA events (no flush: for
+    calls of many MB, which L2 cannot keep between them)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def group_norm_call(shape, groups, dtype, backward=False, activation=None, device="cuda"):
+    """(call, x): fastnorm's GroupNorm forward kernel on random x, weight and bias, or (backward) the backward
+    alone, autograd.grad of x, weight and bias through fastnorm.group_norm, as a call with no arguments."""
+    import fastnorm
+    from fastnorm.ops import extension
+
+    x = torch.randn(shape, device=device, dtype=dtype)
+    w = torch.randn(shape[1], device=device, dtype=dtype)
+    b = torch.randn_like(w)
+    if backward:
+        leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = fastnorm.group_norm(leaves[0], groups, leaves[1], leaves[2], activation=activation)
+        dy = torch.randn_like(y)
+        return (lambda: torch.autograd.grad(y, leaves, dy, retain_graph=True)), x
+    ext = extension.load(torch.device(device).type)
+    act = 1 if activation == "silu" else 0
+    return (lambda: ext.group_norm_forward(x, w, b, groups, 1e-5, act)), x
+
+
 def copy_bandwidth(flush, reps=30) -> float:
     """Bytes read + written per second by a 1 GiB device-to-device copy (random bytes)."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
