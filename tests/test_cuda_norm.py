@@ -360,12 +360,82 @@ RESIDENT_CASES = [  # rows, n, dtype, rms, weighted, kind
 ]
 
 
+HELD_CASES = [  # rows, n, dtype, parameter dtype (None: none), rms, kind
+    (21, 2**19, torch.float32, torch.float32, False, "offset"),  # 2 MB rows, 26 chunks, the last one short
+    (4, 2**22 + 12, torch.float32, torch.float32, False, "outlier"),  # 16 MB rows, the shift 1e4 from the mean
+    (3, 2**22 + 8, torch.float32, torch.float32, True, "rand"),
+    (24, 2**20 + 8, torch.bfloat16, torch.bfloat16, False, "rand"),
+    (24, 2**20 + 8, torch.bfloat16, torch.float32, True, "randn"),  # float32 parameters of bfloat16 rows
+    (12, 2**21, torch.float16, None, False, "randn"),
+    (6, 2**22, torch.bfloat16, torch.float32, False, "offset"),
+]
+
+
+def kernels_of(fn):
+    """Names of the CUDA kernels fn launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.parametrize("rows,n,dtype,pdtype,rms,kind", HELD_CASES)
+def test_held_rows(rows, n, dtype, pdtype, rms, kind, monkeypatch):
+    """Rows of 2-16 MB, a wave of 80 KB chunks or more, on the held rows kernel (held_rows_kernel.cuh; forced
+    beyond the 3-8 MB it takes by default): each chunk held on chip from its statistics to its output, rows
+    ticketed one after another. Both norms, every dtype but float64, float32 or no parameters, the last chunk
+    of a row short, a first element far from the mean, rows of a view (row stride n + 64); the same results
+    with the kernel switched off, bit for bit on a repeat, and under CUDA graph capture (the launcher clears
+    its counters on the stream)."""
+    monkeypatch.setenv("FASTNORM_HELD_ROWS", "2")
+    base = make((rows, n + 64), dtype, "randn" if kind == "outlier" else kind, seed=n % 89)
+    if kind == "outlier":
+        base[:, 64] = 1e4
+    x = base[:, 64:]
+    w, b = params((n,), pdtype, True, seed=5) if pdtype is not None else (None, None)
+    b = None if rms else b
+    names = kernels_of(lambda: run_op(x, 1, 2, w, b, 1e-5, rms))
+    assert any("held_rows_kernel" in k for k in names), names
+    out = run_op(x, 1, 2, w, b, 1e-5, rms)
+    check(out, reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
+    assert torch.equal(run_op(x, 1, 2, w, b, 1e-5, rms), out)
+    monkeypatch.setenv("FASTNORM_HELD_ROWS", "0")
+    names = kernels_of(lambda: run_op(x, 1, 2, w, b, 1e-5, rms))
+    assert not any("held_rows_kernel" in k for k in names), names
+    other = run_op(x, 1, 2, w, b, 1e-5, rms)
+    tol = TOL[dtype] * max(1.0, x.abs().max().item() / 1000)
+    assert ((other.double() - out.double()).abs() / out.double().abs().clamp(min=1.0)).max().item() <= 2 * tol
+    monkeypatch.setenv("FASTNORM_HELD_ROWS", "2")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fastnorm.rms_norm(x, (n,), w, 1e-5) if rms else fastnorm.layer_norm(x, (n,), w, b, 1e-5)
+    base.copy_(make((rows, n + 64), dtype, "rand", seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(captured, reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
+
+
+@pytest.mark.parametrize("rows,n,dtype,takes", [(16, 2**20, torch.float32, True), (24, 2**21 + 8, torch.bfloat16, True),
+                                               (16, 2**22, torch.float32, False), (40, 2**19, torch.float32, False),
+                                               (8, 2**20, torch.float32, False), (16, 2**20, torch.float32, "rms")])
+def test_held_rows_window(rows, n, dtype, takes):
+    """By default the held rows kernel takes LayerNorm rows of 3-8 MB (4 MB here), a wave of chunks or more:
+    not rows of 16 or 2 MB, nor 8 rows of 4 MB (fewer chunks than the blocks an H100 or H200 holds), nor
+    RMSNorm rows."""
+    x = make((rows, n), dtype, "randn", seed=3)
+    w, b = params((n,), dtype, True, seed=5)
+    rms, takes = takes == "rms", takes is True
+    names = kernels_of(lambda: run_op(x, 1, 2, w, None if rms else b, 1e-5, rms))
+    assert any("held_rows_kernel" in k for k in names) == takes, names
+
+
 @pytest.mark.parametrize("rows,n,dtype,rms,weighted,kind", RESIDENT_CASES)
-def test_resident_rows(rows, n, dtype, rms, weighted, kind):
+def test_resident_rows(rows, n, dtype, rms, weighted, kind, monkeypatch):
     """A few rows of 4-17 MB: each row held on chip across the SMs, or half of them (resident kernel),
     for both norms and every dtype: next-row buffer, parameters re-read from L2, one row, a first
     element far from the mean (the statistics are moments about it); rows of a view (row stride
-    n + 64, 256 bytes in)."""
+    n + 64, 256 bytes in). The held rows kernel, which takes some of these calls, is switched off."""
+    monkeypatch.setenv("FASTNORM_HELD_ROWS", "0")
     base = make((rows, n + 64), dtype, "randn" if kind == "outlier" else kind, seed=n % 89)
     if kind == "outlier":
         base[:, 64] = 1e4

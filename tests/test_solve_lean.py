@@ -92,8 +92,8 @@ def test_the_emitted_device_code_compiles_for_sm90(name, plans, tmp_path):
     assert " bytes spill" not in done.stderr.replace(" 0 bytes spill", "")
 
 
-def _call(shape, begin, end, dtype="float32"):
-    return ExtensionCall("norm_forward", shape, dtype, "float32", begin, end)
+def _call(shape, begin, end, dtype="float32", rms=False):
+    return ExtensionCall("norm_forward", shape, dtype, "float32", begin, end, rms=rms)
 
 
 @pytest.mark.parametrize("call,family", [
@@ -105,7 +105,10 @@ def _call(shape, begin, end, dtype="float32"):
     (_call((1024, 65536), 1, 2), "cluster"),             # 256 KB rows filling the chip
     (_call((7168, 262144), 1, 2), "split"),              # 1 MB rows: 16 cached slices
     (_call((16, 4194304), 1, 2), "resident"),            # 16 MB rows on chip
-    (_call((64, 1048576), 1, 2), "resident"),            # 4 MB rows, two groups of SMs
+    (_call((64, 1048576), 1, 2), "held_rows"),           # 4 MB rows, a wave of 80 KB chunks and more
+    (_call((8, 1048576), 1, 2), "resident"),             # 4 MB rows, too few for a wave: two groups of SMs
+    (_call((64, 1048576), 1, 2, "float64"), "resident"),  # never held
+    (_call((64, 1048576), 1, 2, rms=True), "resident"),  # RMSNorm rows: not held
     (_call((4, 1800001), 1, 2), "streamed"),             # 7.2 MB rows of an odd length: no vectors
     (_call((8, 64, 32, 32), 1, 2), "channel"),
 ])

@@ -28,6 +28,7 @@ struct Device {
   int coop = 0;
   int major = 0;  // compute capability; clusters need 9 (Hopper) or later
   int smem_optin = 0;  // shared memory a block may ask for
+  int smem_per_sm = 0;  // shared memory of an SM, all blocks together
 };
 
 static inline Device device_info() {
@@ -40,6 +41,7 @@ static inline Device device_info() {
     cudaDeviceGetAttribute(&d.coop, cudaDevAttrCooperativeLaunch, dev);
     cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   }
   return d;
 }
@@ -58,6 +60,9 @@ static inline int pow2_at_least(int64_t v) {
 }
 
 static inline bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Bytes rounded up to 16 (workspace sections that start 16-byte aligned).
+static inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
 static inline int elem_size(int dtype) { return dtype == FN_F64 ? 8 : dtype == FN_F32 ? 4 : 2; }
 

@@ -70,7 +70,7 @@ static inline Plan plan_of(const FamilyBackwardParams& p) {
 template <typename A>
 static inline int64_t workspace_bytes(const Plan& pl) {
   return align16(2 * pl.pieces * int64_t(sizeof(A))) + align16(2 * pl.sets * int64_t(sizeof(A))) +
-         chain::chain_counter_bytes(pl.sets);
+         chain_counter_bytes(pl.sets);
 }
 
 template <typename A>
@@ -471,7 +471,7 @@ __device__ __forceinline__ void close_set(const FamilyBackwardParams& p, const P
     const double rstd = double(rstd_of<A>(p, set)), m = double(per_group) * double(p.spatial);
     ws.set_k[2 * set] = A(-rstd * rstd * rstd * d[1] / m);
     ws.set_k[2 * set + 1] = A(-rstd * d[0] / m);
-    chain::raise_flag(ws.counters, pl.sets, set);
+    raise_flag(ws.counters, pl.sets, set);
   }
 }
 
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackward
   constexpr int kAct = FN_ACT_NONE;
   __shared__ A smem[2 * 32];
   int64_t index;
-  const bool out = chain::decode_ticket(pl.pieces, ct.lag, chain::take_ticket(ws.counters), index);
+  const bool out = chain::decode_ticket(pl.pieces, ct.lag, take_ticket(ws.counters), index);
   const Piece q = piece_at(p, pl, index);
   const PlaneTerms<A> t = plane_terms<A, kAct>(p, q.plane);
   const int64_t first = q.plane * p.spatial + q.lo;
@@ -500,10 +500,10 @@ __global__ void __launch_bounds__(kThreads) chain_backward_kernel(FamilyBackward
       ws.sums[2 * index] = s[0];
       ws.sums[2 * index + 1] = s[1];
     }
-    if (chain::arrive_last(ws.counters, t.set, ct.per_set)) close_set<A>(p, pl, ct, ws, t.set);
+    if (arrive_last(ws.counters, t.set, ct.per_set)) close_set<A>(p, pl, ct, ws, t.set);
     return;
   }
-  chain::wait_flag(ws.counters, pl.sets, t.set);
+  wait_flag(ws.counters, pl.sets, t.set);
   const A kx = __ldcg(ws.set_k + 2 * t.set), k0 = __ldcg(ws.set_k + 2 * t.set + 1);
   walk<T, true, true>(x, dy, static_cast<T*>(p.dx) + first, q.len, q.lane, q.lanes, [&](A xv, A dyv) {
     const A u = xv - t.mean;
@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 4) held_chain_backward_kernel(Family
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   Vt* held = reinterpret_cast<Vt*>(dyn_smem);  // x's vector (m, thread) at m * kThreads + thread, then dy's
   __shared__ A smem[2 * 32];
-  const int64_t index = chain::take_ticket(ws.counters);
+  const int64_t index = take_ticket(ws.counters);
   const Piece q = piece_at(p, pl, index);
   const PlaneTerms<A> tm = plane_terms<A, FN_ACT_NONE>(p, q.plane);
   const int64_t first = q.plane * p.spatial + q.lo;
@@ -576,8 +576,8 @@ __global__ void __launch_bounds__(kThreads, 4) held_chain_backward_kernel(Family
     ws.sums[2 * index] = s[0];
     ws.sums[2 * index + 1] = s[1];
   }
-  if (chain::arrive_last(ws.counters, tm.set, ct.per_set)) close_set<A>(p, pl, ct, ws, tm.set);
-  chain::wait_flag(ws.counters, pl.sets, tm.set);
+  if (arrive_last(ws.counters, tm.set, ct.per_set)) close_set<A>(p, pl, ct, ws, tm.set);
+  wait_flag(ws.counters, pl.sets, tm.set);
   const A kx = __ldcg(ws.set_k + 2 * tm.set), k0 = __ldcg(ws.set_k + 2 * tm.set + 1);
   Vt* dxv = reinterpret_cast<Vt*>(static_cast<T*>(p.dx) + first);
   auto out = [&](int i, const Vt& x, const Vt& dy) {
@@ -661,7 +661,7 @@ static const char* run_backward(const FamilyBackwardParams& p, cudaStream_t stre
   }
   const ChainTickets ct = chain_tickets<T>(p, pl);
   if (ct.per_set > 0) {
-    chain::clear_chain_counters(ws.counters, pl.sets, stream);
+    clear_chain_counters(ws.counters, pl.sets, stream);
     if (pl.held) {
       if constexpr (sizeof(T) < 8) {
         held_chain_backward_kernel<T><<<unsigned(pl.pieces), kThreads, held_backward_smem(), stream>>>(p, pl, ct, ws);

@@ -19,6 +19,7 @@
 // GroupNorm, 83% of copy). family_backward.cuh's held_chain_backward_kernel does the same for x and dy.
 #pragma once
 #include "family_set_kernels.cuh"
+#include "ticket_chain.cuh"
 
 namespace fastnorm {
 namespace family {
@@ -46,49 +47,6 @@ struct ChainWorkspace {
   A* partials;
   double* set_stats;
 };
-
-// A chained launch's counters: the ticket counter, then per set its arrivals and its flag, zeroed before
-// each launch. Both chained kernels (this one, family_backward.cuh's) meet through the helpers below.
-static inline int64_t chain_counter_bytes(int64_t sets) { return (1 + 2 * sets) * 4; }
-
-static inline void clear_chain_counters(unsigned* counters, int64_t sets, cudaStream_t stream) {
-  cudaMemsetAsync(counters, 0, chain_counter_bytes(sets), stream);
-}
-
-// The block's ticket, taken by thread 0 in the order blocks start; every thread gets it.
-__device__ __forceinline__ unsigned take_ticket(unsigned* counters) {
-  __shared__ unsigned ticket;
-  if (threadIdx.x == 0) ticket = atomicAdd(counters, 1u);
-  __syncthreads();
-  return ticket;
-}
-
-// After thread 0 wrote the block's partial: the block arrives at its set, and learns (every thread) whether
-// it is the last of the set's `count`, which then sees every partial.
-__device__ __forceinline__ bool arrive_last(unsigned* counters, int64_t set, int64_t count) {
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(counters + 1 + set, 1u) == unsigned(count - 1);
-  }
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
-// Thread 0 of the set's last block, once the set's results are written: outputs may go.
-__device__ __forceinline__ void raise_flag(unsigned* counters, int64_t sets, int64_t set) {
-  __threadfence();
-  store_release(counters + 1 + sets + set, 1u);
-}
-
-// The block waits (thread 0 polls) until the set's flag is raised; its results are then visible to all.
-__device__ __forceinline__ void wait_flag(const unsigned* counters, int64_t sets, int64_t set) {
-  if (threadIdx.x == 0) {
-    while (load_acquire(counters + 1 + sets + set) == 0) __nanosleep(100);
-  }
-  __syncthreads();
-}
 
 // Ticket t of 2 * total (chunk k, output?): the first lag chunks' statistics, then the statistics of chunk
 // k + lag and the output of chunk k in turn, then the last lag chunks' outputs. An output waits for its set's

@@ -56,8 +56,6 @@ struct Workspace {
   A* coeffs;  // (center, scale, offset) per coefficient
 };
 
-static inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
-
 template <typename A>
 static inline int64_t workspace_bytes(const FamilyParams& p, const Plan& pl) {
   return align16(pl.partials * int64_t(sizeof(Partial<A>))) + 2 * align16(p.stats * 8) +

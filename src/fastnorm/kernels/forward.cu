@@ -15,6 +15,15 @@ int64_t fastnorm_cuda_workspace_bytes(const NormParams& p, bool* zeroed) {
   *zeroed = true;
   if (p.inner != 1 || p.outer == 0 || p.n == 0) return 0;
   const Device dev = device_info();
+#ifdef FASTNORM_WANT_HELD_ROWS
+  {
+    const int64_t chunks = held_rows_chunks(p, dev, row_vec(p));
+    if (chunks > 0) {
+      *zeroed = false;  // the launcher clears the chain's counters itself
+      return held_rows_workspace_bytes(p.outer, chunks, 4);  // float accumulators: no float64 rows
+    }
+  }
+#endif
   // The resident kernel's, and enough for the kernels taking the call if it does not launch.
   int64_t bytes = 0;
 #ifdef FASTNORM_WANT_RESIDENT

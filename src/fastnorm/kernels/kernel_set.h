@@ -19,6 +19,7 @@
 #define FASTNORM_WANT_SPLIT      // split_kernels.cuh split_slice_kernel (slices cached in shared memory)
 #define FASTNORM_WANT_SPLIT_UNCACHED  // split_kernels.cuh split_row_norm_kernel (too many slices to cache)
 #define FASTNORM_WANT_CLUSTER    // cluster_kernel.cuh
+#define FASTNORM_WANT_HELD_ROWS  // held_rows_kernel.cuh
 #define FASTNORM_WANT_RESIDENT   // resident_kernel.cuh
 #define FASTNORM_WANT_STREAMED   // streamed_kernels.cuh
 #define FASTNORM_WANT_CHANNEL    // a non-trailing axis: channel_kernels.cuh, norm_cpu.cpp forward_channels

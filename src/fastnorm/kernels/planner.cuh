@@ -4,7 +4,8 @@
 //   layout              call                                              kernel (file)
 //   inner > 1           up to 16 channels (e.g. the channels of NCHW)     strided_column (channel_kernels.cuh)
 //                       more channels                                     strided_tile / strided_norm (same file)
-//   inner == 1, rows:   4-17 MB rows the chip can hold (resident_groups)  resident_row_norm (resident_kernel.cuh)
+//   inner == 1, rows:   LayerNorm rows of 3-8 MB, a wave of 80 KB chunks  held_rows (held_rows_kernel.cuh)
+//                       4-17 MB rows the chip can hold (resident_groups)  resident_row_norm (resident_kernel.cuh)
 //                       4 MB+ rows, fewer than SMs, not resident, or      stream_* (streamed_kernels.cuh)
 //                       calls of up to 8 MB of 64 KB+ rows, fewer than 32,
 //                       whose output launch gives half the SMs a block
@@ -43,6 +44,7 @@
 #include "channel_kernels.cuh"
 #include "cluster_kernel.cuh"
 #include "few_rows_kernel.cuh"
+#include "held_rows_kernel.cuh"
 #include "kernel_set.h"
 #include "resident_kernel.cuh"
 #include "row_kernel.cuh"
@@ -248,6 +250,12 @@ static inline bool row_stats_saved(const NormParams& p) {
 template <typename T, typename W, int VEC>
 static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) {
   [[maybe_unused]] const Device dev = device_info();  // unread in a build without the families whose rules read it
+#ifdef FASTNORM_WANT_HELD_ROWS
+  if constexpr (VEC > 1 && sizeof(T) < 8) {
+    const int64_t held_chunks = held_rows_chunks(p, dev, VEC);
+    if (held_chunks > 0) return p.stats ? FASTNORM_STATS_NOT_SAVED : launch_held_rows<T, W, VEC>(p, held_chunks, stream);
+  }
+#endif
 #ifdef FASTNORM_WANT_RESIDENT
   if constexpr (VEC > 1) {
     const ResidentPlan resident = resident_plan<T, W, VEC>(p, dev);

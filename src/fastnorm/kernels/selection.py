@@ -18,7 +18,7 @@ DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf1
 # "group_chain" (group_norm_forward's chained sets of 256 KB - 16 MB), "group_held" (the held chain, of those
 # sets of 2 MB and more; not float64).
 FAMILIES = {
-    "cuda": ("resident", "streamed", "cluster", "few_rows", "offset_rows", "split", "split_uncached", "row", "channel", "residual",
+    "cuda": ("held_rows", "resident", "streamed", "cluster", "few_rows", "offset_rows", "split", "split_uncached", "row", "channel", "residual",
              "family_sets", "family_passes", "group_chain", "group_held"),
     "cpu": ("row", "channel"),
 }

@@ -24,6 +24,7 @@ class ExtensionCall:
     begin: int = 0                # norm_forward, p_normalize: the normalized dims [begin, end)
     end: int = 0
     groups: int = 0               # group_norm_forward
+    rms: bool = False             # norm_forward: RMSNorm (the planner takes some LayerNorm rows elsewhere)
 
     @property
     def outer(self) -> int:
@@ -53,10 +54,10 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def _record(self, function, x, weight=None, bias=None, begin=0, end=0, groups=0):
+    def _record(self, function, x, weight=None, bias=None, begin=0, end=0, groups=0, rms=False):
         params = next((t for t in (weight, bias) if t is not None), None)
         call = ExtensionCall(function, tuple(x.shape), _name(x.dtype), _name(params.dtype) if params is not None
-                             else None, int(begin), int(end), int(groups))
+                             else None, int(begin), int(end), int(groups), bool(rms))
         if call not in self.calls:
             self.calls.append(call)
 
@@ -65,7 +66,7 @@ class _Recorder:
         return torch.empty(shape, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
 
     def norm_forward(self, x, weight, bias, begin_dim, end_dim, eps, rms, threads=0, blocks_per_row=0):
-        self._record("norm_forward", x, weight, bias, begin_dim, end_dim)
+        self._record("norm_forward", x, weight, bias, begin_dim, end_dim, rms=rms)
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
     def group_norm_forward(self, x, weight, bias, groups, eps, activation=0):

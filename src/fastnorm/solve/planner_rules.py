@@ -21,6 +21,10 @@ STREAM_LEAST_BYTES = 64 << 10  # planner.cuh kStreamLeastBytes
 STREAM_THREADS = 256           # streamed_kernels.cuh kStreamThreads
 STREAM_VECS = 4                # streamed_kernels.cuh kStreamVecs
 RESIDENT_ROW_BYTES = 8 << 20   # resident_kernel.cuh kResidentRowBytes
+HELD_ROW_LEAST_BYTES = 3 << 20  # held_rows_kernel.cuh kHeldRowLeastBytes
+HELD_ROW_MOST_BYTES = 8 << 20   # held_rows_kernel.cuh kHeldRowMostBytes
+HELD_ROW_CHUNK = 256 * (8 + 12)  # held_rows_kernel.cuh kHeldRowChunk (vectors)
+HELD_ROW_SMEM = 12 * 256 * 16   # held_rows_kernel.cuh held_rows_smem
 GROUPED_ROWS = 2               # resident_kernel.cuh kGroupedRows
 RESIDENT_THREADS = 1024        # resident_kernel.cuh kResidentThreads
 SPLIT_ROWS = 32                # planner.cuh kSplitRows
@@ -113,6 +117,18 @@ def wanted_blocks_per_row(call: ExtensionCall, dev: CudaDevice, blocks_per_row: 
     return g
 
 
+def _held_rows_take(call: ExtensionCall, dev: CudaDevice, vec: int, threads: int, blocks_per_row: int) -> bool:
+    """held_rows_kernel.cuh held_rows_chunks: LayerNorm rows of 3-8 MB in 16-byte vectors (not float64), a row's chunks
+    at most half the blocks the device holds, a wave of blocks in all."""
+    elem = elem_size(call.dtype)
+    if vec == 1 or elem == 8 or threads > 0 or blocks_per_row > 0 or call.rms or \
+            not HELD_ROW_LEAST_BYTES <= call.n * elem < HELD_ROW_MOST_BYTES:
+        return False
+    chunks = _ceil(call.n // vec, HELD_ROW_CHUNK)
+    slots = min(dev.smem_per_sm // (HELD_ROW_SMEM + (2 << 10)), 4) * dev.sms
+    return 0 < slots and 2 * chunks <= slots and call.outer * chunks >= slots
+
+
 def _resident_takes(call: ExtensionCall, dev: CudaDevice, vec: int, blocks_per_row: int) -> bool:
     """resident_kernel.cuh resident_groups and resident_plan (the kernel assumed to fit)."""
     if not dev.coop or dev.sms > RESIDENT_THREADS or vec == 1 or blocks_per_row > 0:
@@ -187,6 +203,8 @@ def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDev
     if device_type == "cpu":
         return "row"
     vec = row_vec(call)
+    if _held_rows_take(call, dev, vec, threads, blocks_per_row):
+        return "held_rows"
     if _resident_takes(call, dev, vec, blocks_per_row):
         return "resident"
     if _streamed_takes(call, dev, vec, blocks_per_row):
