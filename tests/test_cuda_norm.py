@@ -360,6 +360,19 @@ RESIDENT_CASES = [  # rows, n, dtype, rms, weighted, kind
 ]
 
 
+def check_graph_replay(base, x, w, b, rms):
+    """The call over rows x (a view of base) captured in a CUDA graph (no host synchronization inside it: the
+    launchers clear their counters on the stream), replayed on new values of base, against float64."""
+    n = x.shape[1]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fastnorm.rms_norm(x, (n,), w, 1e-5) if rms else fastnorm.layer_norm(x, (n,), w, b, 1e-5)
+    base.copy_(make(tuple(base.shape), base.dtype, "rand", seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, reference(x, 1, 2, w, b, 1e-5, rms), x.dtype, x)
+
+
 HELD_CASES = [  # rows, n, dtype, parameter dtype (None: none), rms, kind
     (21, 2**19, torch.float32, torch.float32, False, "offset"),  # 2 MB rows, 26 chunks, the last one short
     (4, 2**22 + 12, torch.float32, torch.float32, False, "outlier"),  # 16 MB rows, the shift 1e4 from the mean
@@ -406,13 +419,7 @@ def test_held_rows(rows, n, dtype, pdtype, rms, kind, monkeypatch):
     tol = TOL[dtype] * max(1.0, x.abs().max().item() / 1000)
     assert ((other.double() - out.double()).abs() / out.double().abs().clamp(min=1.0)).max().item() <= 2 * tol
     monkeypatch.setenv("FASTNORM_HELD_ROWS", "2")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = fastnorm.rms_norm(x, (n,), w, 1e-5) if rms else fastnorm.layer_norm(x, (n,), w, b, 1e-5)
-    base.copy_(make((rows, n + 64), dtype, "rand", seed=7))
-    graph.replay()
-    torch.cuda.synchronize()
-    check(captured, reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
+    check_graph_replay(base, x, w, b, rms)
 
 
 @pytest.mark.parametrize("rows,n,dtype,takes", [(16, 2**20, torch.float32, True), (24, 2**21 + 8, torch.bfloat16, True),
@@ -443,14 +450,8 @@ def test_resident_rows(rows, n, dtype, rms, weighted, kind, monkeypatch):
     w, b = params((n,), dtype, True, seed=5)
     w, b = (w if weighted else None), (None if rms or not weighted else b)
     check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
-    if rows > 1 and dtype == torch.float32:  # capturable: no host synchronization inside the call
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fastnorm.rms_norm(x, (n,), w, 1e-5) if rms else fastnorm.layer_norm(x, (n,), w, b, 1e-5)
-        base.copy_(make((rows, n + 64), dtype, "rand", seed=7))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(out, reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
+    if rows > 1 and dtype == torch.float32:
+        check_graph_replay(base, x, w, b, rms)
 
 
 @pytest.mark.parametrize("rms", [False, True])
