@@ -117,6 +117,7 @@ SELECTIONS = [
     KernelSelection("cpu", ("norm_forward",), frozenset({"f32"}), frozenset({"row"})),
     KernelSelection("cpu", ("batch_norm_forward", "p_normalize"), frozenset({"f32", "bf16"}), frozenset()),
     KernelSelection("cuda", ("norm_forward",), frozenset({"f32"}), frozenset({"resident"})),
+    KernelSelection("cuda", ("norm_forward",), frozenset({"f32", "bf16"}), frozenset({"held_rows", "split"})),
     KernelSelection("cuda", ("norm_forward",), frozenset({"bf16"}), frozenset({"split", "row"})),
     KernelSelection("cuda", ("norm_forward", "group_norm_forward"), frozenset({"f16"}), frozenset({"channel"})),
     KernelSelection("cuda", ("p_normalize",), frozenset({"f32"}), frozenset({"family_passes"})),
@@ -150,7 +151,7 @@ def test_selected_sources_hold_what_was_selected_only(selection):
     if selection.device_type == "cpu":  # read by at::vec's headers, not by these sources: kept all the same
         assert "#define CPU_CAPABILITY_AVX2" in cpp
     if selection.device_type == "cuda":
-        kernels = {"resident": "resident_row_norm_kernel", "split": "split_slice_kernel",
+        kernels = {"held_rows": "held_rows_kernel", "resident": "resident_row_norm_kernel", "split": "split_slice_kernel",
                    "split_uncached": "split_row_norm_kernel", "row": "row_norm_kernel", "few_rows": "few_rows_kernel",
                    "offset_rows": "offset_rows_kernel",
                    "cluster": "cluster_row_norm_kernel", "streamed": "stream_apply_kernel",
