@@ -8,6 +8,7 @@ import torch.nn.functional as F
 import fastnorm
 from fastnorm.ops import extension
 from fastnorm.ops.validate import default_rms_eps
+from profiled import kernels_of
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -384,14 +385,6 @@ HELD_CASES = [  # rows, n, dtype, parameter dtype (None: none), rms, kind
 ]
 
 
-def kernels_of(fn):
-    """Names of the CUDA kernels fn launches."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-
-
 @pytest.mark.parametrize("rows,n,dtype,pdtype,rms,kind", HELD_CASES)
 def test_held_rows(rows, n, dtype, pdtype, rms, kind, monkeypatch):
     """Rows of 2-16 MB, a wave of 80 KB chunks or more, on the held rows kernel (held_rows_kernel.cuh; forced
@@ -422,16 +415,16 @@ def test_held_rows(rows, n, dtype, pdtype, rms, kind, monkeypatch):
     check_graph_replay(base, x, w, b, rms)
 
 
-@pytest.mark.parametrize("rows,n,dtype,takes", [(16, 2**20, torch.float32, True), (24, 2**21 + 8, torch.bfloat16, True),
-                                               (16, 2**22, torch.float32, False), (40, 2**19, torch.float32, False),
-                                               (8, 2**20, torch.float32, False), (16, 2**20, torch.float32, "rms")])
-def test_held_rows_window(rows, n, dtype, takes):
+@pytest.mark.parametrize("rows,n,dtype,rms,takes", [
+    (16, 2**20, torch.float32, False, True), (24, 2**21 + 8, torch.bfloat16, False, True),
+    (16, 2**22, torch.float32, False, False), (40, 2**19, torch.float32, False, False),
+    (8, 2**20, torch.float32, False, False), (16, 2**20, torch.float32, True, False)])
+def test_held_rows_window(rows, n, dtype, rms, takes):
     """By default the held rows kernel takes LayerNorm rows of 3-8 MB (4 MB here), a wave of chunks or more:
     not rows of 16 or 2 MB, nor 8 rows of 4 MB (fewer chunks than the blocks an H100 or H200 holds), nor
     RMSNorm rows."""
     x = make((rows, n), dtype, "randn", seed=3)
     w, b = params((n,), dtype, True, seed=5)
-    rms, takes = takes == "rms", takes is True
     names = kernels_of(lambda: run_op(x, 1, 2, w, None if rms else b, 1e-5, rms))
     assert any("held_rows_kernel" in k for k in names) == takes, names
 

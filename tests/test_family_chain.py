@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fastnorm.ops import extension
+from profiled import kernels_of
 from test_family_kernels import TOL, affine, assert_stats, make, rel_err
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -23,14 +24,6 @@ CASES = [((2, 8, 256, 256), 2), ((2, 80, 2056), 1), ((40, 4, 256, 256), 2), ((1,
 
 def ext():
     return extension.load("cuda")
-
-
-def kernels_of(fn):
-    """Names of the CUDA kernels fn launches."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
 def reference(x, w, b, groups, eps, silu=False):
