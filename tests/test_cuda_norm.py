@@ -174,6 +174,27 @@ def test_warp_rows_at_every_width(dtype, rms, monkeypatch):
             check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("rows", [1001, 7])
+def test_warp_rows_in_lane_groups(dtype, rms, rows, monkeypatch):
+    """Rows of 32-48 elements take 8 or 16 lanes a row, 4 or 2 rows side by side in a warp, and rows of
+    49-64 a warp each (warp_row_lanes): every width of 32-64, the warp's last rows partial (1001) or fewer
+    rows than one warp takes (7), a view one element in, each parameter case; float32 LayerNorm also at
+    x + 1000."""
+    monkeypatch.setenv("FASTNORM_OFFSET_ROWS", "warp")
+    for n in range(32, 65):
+        base = make((rows, n + 1), dtype, "randn", seed=n + rows)
+        x = base[:, 1:]
+        w, b = params((n,), dtype, True, n)
+        for w_, b_ in [(w, b), (None, None), (w, None)]:
+            b_ = None if rms else b_
+            check(run_op(x, 1, 2, w_, b_, 1e-5, rms), reference(x, 1, 2, w_, b_, 1e-5, rms), dtype, x)
+        if dtype == torch.float32 and not rms:
+            x = (base + 1000.0)[:, 1:]
+            check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 3, 8, 31, 33, 257, 1429, 5000])
 @pytest.mark.parametrize("offset", [0, 1, 3])
@@ -289,6 +310,29 @@ def test_constant_rows_near_float_max(shape, dtype):
     w, b = params(shape[-1:], dtype, True, seed=4)
     out = run_op(x, 1, 2, w, b, 1e-5, False)
     assert torch.equal(out, b.expand(shape))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 4096), (17, 4096), (300, 1024), (2000, 512), (4096, 1024), (64, 8192),
+                                   (33, 12288), (200, 40), (600, 37), (600, 999)])
+@pytest.mark.parametrize("first", ["outlier", "one_hot", "offset_rows"])
+def test_layer_norm_first_element_far_from_mean(shape, dtype, first):
+    """Rows whose first element is far from their mean: the outlier, the only nonzero value, or far below
+    rows offset by 1000. Kernels that take LayerNorm's sums about a row's first element (warp rows: the
+    odd widths here) or about a rough mean (few-rows, row kernels) must stay exact: a one-pass sum of
+    squares about that element would cancel. Against float64 at the usual tolerance."""
+    x = make(shape, torch.float32, "rand" if first == "offset_rows" else "randn", seed=shape[0] + shape[1])
+    if first == "outlier":
+        x[:, 0] = 1e4
+    elif first == "one_hot":
+        x.zero_()
+        x[:, 0] = 1e3
+    else:
+        x += 1000.0
+        x[:, 0] = -3000.0
+    x = x.to(dtype)
+    w, b = params(shape[-1:], dtype, True, seed=5)
+    check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b, 1e-5, False), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

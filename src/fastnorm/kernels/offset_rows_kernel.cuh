@@ -260,38 +260,49 @@ constexpr int kWarpRowKCount = int(sizeof(kWarpRowKs) / sizeof(int));
 // 77.9 with 8 rows; 394263x58 at an offset 84.0 -> 72.2; H100).
 constexpr int warp_rows_at_once(int k) { return k >= 8 ? 1 : (8 + k - 1) / k; }
 
-// The sum over the warp of each of R values, every lane getting them (shuffles only, the R trees interleaved).
-template <int R, typename A>
-__device__ __forceinline__ void warp_sums(A (&v)[R]) {
-  group_sums(v, 32, static_cast<A*>(nullptr));
-}
+// Rows of 32-48 elements take a group of L lanes each, 32 / L rows side by side in a warp: with a whole
+// warp a row, each row paid two 5-level shuffle trees of its own and the kernel was bound by instruction
+// issue; a group's trees have 3-4 levels, each serving 32 / L rows at once. H200, against a warp a row
+// (results/h200-warp-row-lanes.txt): 32 elements on 8 lanes (4 a lane), fp32 669317x32 at an offset LN
+// 74.3 -> 54.6 us, RMS 60.4 -> 52.5 (torch.compile 44.6); 33-48 on 16 (3 a lane, 6 rows a warp at once
+// instead of 4), bf16 100000x33 LN 18.0 -> 14.9, 300000x48 RMS 35.2 -> 30.3. Rows of 49-64 on 16 lanes
+// (4 a lane: 72 registers, 4 rows at once, as on a warp) lost 4-7% (fp32 394263x58 LN 61.2 -> 63.7, fp16
+// 1000000x64 RMS 106.5 -> 114.5): they keep a warp a row. FASTNORM_WARP_ROW_LANES=8, 16 or 32 (read at
+// each call) forces a group size, for A/B runs.
+static inline int warp_row_lanes(int64_t n) { return n <= 32 ? 8 : n <= 48 ? 16 : 32; }
 
-// K: elements a lane holds of each of the R rows it takes at once (lane l: elements l, l + 32, ...).
-// LayerNorm's statistics are about each row's first element: sums of x - shift give the mean, then the
-// centered sum of squares.
-template <typename T, typename W, int K, int R>
+// K: elements a lane holds of each of the R row slots it takes at once; L lanes a row (a power of two,
+// at most 32): lane l holds elements l % L, l % L + L, ... of row slot r's row l / L, so a warp takes
+// R * 32 / L rows at once. LayerNorm's statistics are about each row's first element: sums of
+// x - shift give the mean, then the centered sum of squares.
+template <typename T, typename W, int K, int R, int L = 32>
 __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_kernel(RowArgs<T, W> a) {
   using A = typename AccOf<T>::type;
-  const int lane = threadIdx.x & 31;
+  constexpr int G = 32 / L;  // rows side by side in a warp
+  const int lane = threadIdx.x & 31, sub = lane & (L - 1), side = lane / L;
   const int warps_per_block = blockDim.x >> 5;
   const int n = int(a.n);
   const A inv_n = A(1) / A(n);
   const bool rms = a.rms;
-  const int64_t step = int64_t(gridDim.x) * warps_per_block * R;
-  for (int64_t first = (int64_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5)) * R; first < a.rows;
-       first += step) {
+  const int64_t step = int64_t(gridDim.x) * warps_per_block * R * G;
+  // The loop runs by the warp's first row, so that every lane of the warp takes each shuffle.
+  for (int64_t warp_first = (int64_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5)) * R * G; warp_first < a.rows;
+       warp_first += step) {
+    const int64_t first = warp_first + side;
     // The loads as they come (2-byte values too): all of them before the first conversion. A conversion
     // beside each guarded load made them wait in turn (fp16 1000000x64 LN: 223 against 137 us, H100).
-    // One element a lane: unguarded, the index clamped into the row (fp32 669317x32 LN 84.5 -> 77.9 us).
-    constexpr bool kClamp = K == 1;
+    // One element a lane, or a group of lanes a row: unguarded, the index clamped into the row (fp32
+    // 669317x32 LN 84.5 -> 77.9 us, H100); the sums and stores skip the clamped ones. (`first` is this
+    // lane's row of slot 0; slot r's is first + r * G.)
+    constexpr bool kClamp = K == 1 || L < 32;
     T raw[R][K];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const bool active = first + r < a.rows;
-      const T* xr = a.x + (active ? first + r : first) * a.x_stride;
+      const bool active = first + r * G < a.rows;
+      const T* xr = a.x + (active ? first + r * G : warp_first) * a.x_stride;
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        const int j = lane + 32 * k;
+        const int j = sub + L * k;
         if constexpr (kClamp) {
           raw[r][k] = xr[j < n ? j : n - 1];
         } else {
@@ -307,7 +318,7 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
     if constexpr (kEarlyParams) {
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        const int j = lane + 32 * k < n ? lane + 32 * k : n - 1;
+        const int j = sub + L * k < n ? sub + L * k : n - 1;
         if (a.w) w_raw[k] = a.w[j];
         if (a.b) b_raw[k] = a.b[j];
       }
@@ -321,14 +332,14 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
     A shift[R], s[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      shift[r] = rms ? A(0) : __shfl_sync(0xffffffffu, v[r][0], 0);
+      shift[r] = rms ? A(0) : __shfl_sync(0xffffffffu, v[r][0], 0, L);  // the group's first lane
       s[r] = A(0);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
-        if (lane + 32 * k < n) s[r] += rms ? v[r][k] * v[r][k] : v[r][k] - shift[r];
+        if (sub + L * k < n) s[r] += rms ? v[r][k] * v[r][k] : v[r][k] - shift[r];
       }
     }
-    warp_sums(s);
+    group_sums(s, L, static_cast<A*>(nullptr));
     Affine<A> st[R];
     if (rms) {
 #pragma unroll
@@ -341,22 +352,22 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
 #pragma unroll
         for (int k = 0; k < K; ++k) {
           const A d = (v[r][k] - shift[r]) - s[r] * inv_n;
-          if (lane + 32 * k < n) q[r] = fma(d, d, q[r]);
+          if (sub + L * k < n) q[r] = fma(d, d, q[r]);
         }
       }
-      warp_sums(q);
+      group_sums(q, L, static_cast<A*>(nullptr));
 #pragma unroll
       for (int r = 0; r < R; ++r) st[r] = affine_of(shift[r], s[r] * inv_n, q[r] * inv_n, a.eps, false);
     }
-    if (a.stats && lane == 0) {
+    if (a.stats && sub == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        if (first + r < a.rows) save_affine(a.stats, first + r, st[r]);
+        if (first + r * G < a.rows) save_affine(a.stats, first + r * G, st[r]);
       }
     }
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const int j = lane + 32 * k;
+      const int j = sub + L * k;
       if (j >= n) continue;
       A wv = A(1), bv = A(0);  // a column's parameters serve the R rows
       if constexpr (kEarlyParams) {
@@ -368,7 +379,7 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        if (first + r < a.rows) a.y[(first + r) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k], st[r]), wv, bv));
+        if (first + r * G < a.rows) a.y[(first + r * G) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k], st[r]), wv, bv));
       }
     }
   }
@@ -594,22 +605,31 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
   return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks)), dim3(threads), args, smem, stream));
 }
 
-// The smallest K of kWarpRowKs that holds rows of n (0: none, n > 32 * kWarpRowMaxK).
-static inline int warp_rows_k(int64_t n) {
+// The smallest K of kWarpRowKs that holds rows of n on `lanes` lanes (0: none, n > 32 * kWarpRowMaxK).
+static inline int warp_rows_k(int64_t n, int lanes = 32) {
   for (int k : kWarpRowKs) {
-    if (n <= 32 * k) return k;
+    if (n <= int64_t(lanes) * k) return k;
   }
   return 0;
 }
 
 template <typename T, typename W, int I = 0>
-static inline const void* warp_rows_kernel_of(int k) {
+static inline const void* warp_rows_kernel_of(int k, int lanes) {
   if constexpr (I >= kWarpRowKCount) {
     return nullptr;
   } else {
     constexpr int K = kWarpRowKs[I];
-    if (k == K) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K)>);
-    return warp_rows_kernel_of<T, W, I + 1>(k);
+    if (k == K) {
+      // warp_row_lanes: rows of 32 on 8 lanes (4 elements a lane), of 33-48 on 16 (3 a lane).
+      if constexpr (K == 4) {
+        if (lanes == 8) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K), 8>);
+      }
+      if constexpr (K == 3) {
+        if (lanes == 16) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K), 16>);
+      }
+      return lanes == 32 ? reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K)>) : nullptr;
+    }
+    return warp_rows_kernel_of<T, W, I + 1>(k, lanes);
   }
 }
 
@@ -617,14 +637,21 @@ template <typename T, typename W>
 static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t stream) {
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 32, p.rms, p.stats};
-  const int k = warp_rows_k(p.n);
-  const int64_t rows_per_block = int64_t(kWarpRowThreads / 32) * warp_rows_at_once(k);
+  // Lanes a row (warp_row_lanes, or FASTNORM_WARP_ROW_LANES where an instance has them), and elements a lane.
+  int lanes = int(env_int("FASTNORM_WARP_ROW_LANES", 0));
+  if (lanes != 8 && lanes != 16) lanes = lanes == 32 ? 32 : warp_row_lanes(p.n);
+  const void* kernel = warp_rows_kernel_of<T, W>(warp_rows_k(p.n, lanes), lanes);
+  if (kernel == nullptr) {
+    lanes = 32;
+    kernel = warp_rows_kernel_of<T, W>(warp_rows_k(p.n), lanes);
+  }
+  const int k = warp_rows_k(p.n, lanes);
+  const int64_t rows_per_block = int64_t(kWarpRowThreads / 32) * warp_rows_at_once(k) * (32 / lanes);
   const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
   // Several rows a warp at once (K <= 4): a few waves of resident blocks, then grid-stride. Otherwise a
   // block for every 8 rows: fp32 272747x257 RMS 211.3 us capped, 194.8 not (669317x32 LN, 8 rows a warp:
   // 77.6 capped, 80.5 not; H100).
   const int64_t cap = k <= 4 ? int64_t(device_info().sms) * 32 : blocks;
-  const void* kernel = warp_rows_kernel_of<T, W>(k);
   void* args[] = {&a};
   return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kWarpRowThreads),
                                         args, 0, stream));
