@@ -83,6 +83,13 @@ def _sanitize_offset_rows(ext, dtype):
         fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
         fastnorm.rms_norm(x[:, :1023], (1023,), None)
     os.environ.pop("FASTNORM_OFFSET_ROWS", None)
+    # Rows of 32-48 on lane groups of the warp-row kernel (8 or 16 lanes a row), the last row at the end of
+    # the allocation, the last warp's rows partial; 49 on a warp.
+    for n in (32, 37, 48, 49):
+        x = torch.randn(1001 * n + 1, device="cuda", dtype=dtype)[1:].view(1001, n)
+        wb = torch.rand(n, device="cuda", dtype=dtype)
+        fastnorm.layer_norm(x, (n,), wb, wb)
+        fastnorm.rms_norm(x, (n,), wb)
     # Contiguous rows a few elements into their buffer (every row shifted against y), the last rows at
     # the end of the allocation; rows of 8 chunks a thread (past 2048 chunks; float16: the row kernel).
     for rows, n, offset in [(200, 4744, 3), (3, 8190, 1), (5, 16382, 1), (2, 32761, 3)]:
