@@ -155,6 +155,20 @@ def test_streamed_rows(shape, dtype, rms, fused, monkeypatch):
 WARP_ROW_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)  # kWarpRowKs (offset_rows_kernel.cuh)
 
 
+def check_view_rows(rows, n, dtype, rms, seed):
+    """Rows of n in a view one element into their storage, against float64: weight and bias, none, weight
+    alone; float32 LayerNorm also at x + 1000."""
+    base = make((rows, n + 1), dtype, "randn", seed=seed)
+    x = base[:, 1:]
+    w, b = params((n,), dtype, True, n)
+    for w_, b_ in [(w, b), (None, None), (w, None)]:
+        b_ = None if rms else b_
+        check(run_op(x, 1, 2, w_, b_, 1e-5, rms), reference(x, 1, 2, w_, b_, 1e-5, rms), dtype, x)
+    if dtype == torch.float32 and not rms:
+        x = (base + 1000.0)[:, 1:]
+        check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rms", [False, True])
 def test_warp_rows_at_every_width(dtype, rms, monkeypatch):
@@ -163,15 +177,7 @@ def test_warp_rows_at_every_width(dtype, rms, monkeypatch):
     last warp's rows partial; every parameter case; float32 LayerNorm also at x + 1000."""
     monkeypatch.setenv("FASTNORM_OFFSET_ROWS", "warp")
     for n in sorted({w for k in WARP_ROW_KS for w in (32 * k, 32 * k + 1) if w <= 1024}):
-        base = make((1001, n + 1), dtype, "randn", seed=n)
-        x = base[:, 1:]
-        w, b = params((n,), dtype, True, n)
-        for w_, b_ in [(w, b), (None, None), (w, None)]:
-            b_ = None if rms else b_
-            check(run_op(x, 1, 2, w_, b_, 1e-5, rms), reference(x, 1, 2, w_, b_, 1e-5, rms), dtype, x)
-        if dtype == torch.float32 and not rms:
-            x = (base + 1000.0)[:, 1:]
-            check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+        check_view_rows(rows=1001, n=n, dtype=dtype, rms=rms, seed=n)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -184,15 +190,7 @@ def test_warp_rows_in_lane_groups(dtype, rms, rows, monkeypatch):
     x + 1000."""
     monkeypatch.setenv("FASTNORM_OFFSET_ROWS", "warp")
     for n in range(32, 65):
-        base = make((rows, n + 1), dtype, "randn", seed=n + rows)
-        x = base[:, 1:]
-        w, b = params((n,), dtype, True, n)
-        for w_, b_ in [(w, b), (None, None), (w, None)]:
-            b_ = None if rms else b_
-            check(run_op(x, 1, 2, w_, b_, 1e-5, rms), reference(x, 1, 2, w_, b_, 1e-5, rms), dtype, x)
-        if dtype == torch.float32 and not rms:
-            x = (base + 1000.0)[:, 1:]
-            check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+        check_view_rows(rows=rows, n=n, dtype=dtype, rms=rms, seed=n + rows)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
