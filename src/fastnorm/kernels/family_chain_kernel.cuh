@@ -304,14 +304,7 @@ __global__ void __launch_bounds__(kThreads, 4) held_chain_kernel(FamilyParams p,
   auto out = [&](int i, const Vt& v) {
     store_vec<false>(yv + i, normalize_vec<kAct>(v, coef, (first + uint32_t(i) * V) / spatial));
   };
-#pragma unroll
-  for (int m = 0; m < kRegs; ++m) {
-    if (m * kThreads + t < nv) out(m * kThreads + t, regs[m]);
-  }
-#pragma unroll 4
-  for (int m = 0; m < kSmem; ++m) {
-    if ((kRegs + m) * kThreads + t < nv) out((kRegs + m) * kThreads + t, held[m * kThreads + t]);
-  }
+  each_held<kThreads, kRegs, kSmem>(regs, held, t, nv, out);
 }
 
 static inline size_t held_chain_smem() { return size_t(kHeldSmem) * kThreads * 16; }

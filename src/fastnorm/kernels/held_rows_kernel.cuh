@@ -112,27 +112,18 @@ __global__ void __launch_bounds__(kHeldRowThreads, 4)
   // what it holds, as moments about the shift in double (see the resident kernel).
   int count = 0;
   A vals[VEC], s = A(0);
-  auto each = [&](auto&& f) {
-#pragma unroll
-    for (int m = 0; m < kRegs; ++m) {
-      if (m * kHeldRowThreads + t < nv) f(regs[m]);
-    }
-#pragma unroll 4
-    for (int m = 0; m < kSmem; ++m) {
-      if ((kRegs + m) * kHeldRowThreads + t < nv) f(held[m * kHeldRowThreads + t]);
-    }
-  };
+  auto each = [&](auto&& f) { each_held<kHeldRowThreads, kRegs, kSmem>(regs, held, t, nv, f); };
   cp_async_wait_all();  // each thread reads back only its own copies: no barrier
   double moments[2];
   if (rms) {
-    each([&](const V& v) {
+    each([&](int, const V& v) {
       widen(v.v, vals);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) s = fma(vals[e], vals[e], s);
     });
     moments[0] = 0.0, moments[1] = double(s);
   } else {
-    each([&](const V& v) {
+    each([&](int, const V& v) {
       widen(v.v, vals);
       ++count;
 #pragma unroll
@@ -140,7 +131,7 @@ __global__ void __launch_bounds__(kHeldRowThreads, 4)
     });
     const A mean = shift + (count > 0 ? s / A(count * VEC) : A(0));
     A m2 = A(0);
-    each([&](const V& v) {
+    each([&](int, const V& v) {
       widen(v.v, vals);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) m2 = fma(vals[e] - mean, vals[e] - mean, m2);
@@ -163,14 +154,7 @@ __global__ void __launch_bounds__(kHeldRowThreads, 4)
   auto out = [&](int i, const V& v) {
     store_vec<true>(yv + i, normalize_vec<true>(v, st, w, b, int64_t(i) * VEC));
   };
-#pragma unroll
-  for (int m = 0; m < kRegs; ++m) {
-    if (m * kHeldRowThreads + t < nv) out(m * kHeldRowThreads + t, regs[m]);
-  }
-#pragma unroll 4
-  for (int m = 0; m < kSmem; ++m) {
-    if ((kRegs + m) * kHeldRowThreads + t < nv) out((kRegs + m) * kHeldRowThreads + t, held[m * kHeldRowThreads + t]);
-  }
+  each(out);
 }
 
 static inline size_t held_rows_smem() { return size_t(kHeldRowSmem) * kHeldRowThreads * 16; }

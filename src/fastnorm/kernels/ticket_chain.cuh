@@ -11,6 +11,21 @@
 
 namespace fastnorm {
 
+// The vectors of its chunk a chained block holds: kRegs a thread in registers (regs[m]: the chunk's vector
+// m * kThreads + t), then kSmem in shared memory (held[m * kThreads + t]: vector (kRegs + m) * kThreads + t).
+// Calls f(i, v) for each of thread t's that lies in the chunk's nv vectors, registers first.
+template <int kThreads, int kRegs, int kSmem, typename V, typename F>
+__device__ __forceinline__ void each_held(const V (&regs)[kRegs], const V* held, int t, int nv, F&& f) {
+#pragma unroll
+  for (int m = 0; m < kRegs; ++m) {
+    if (m * kThreads + t < nv) f(m * kThreads + t, regs[m]);
+  }
+#pragma unroll 4
+  for (int m = 0; m < kSmem; ++m) {
+    if ((kRegs + m) * kThreads + t < nv) f((kRegs + m) * kThreads + t, held[m * kThreads + t]);
+  }
+}
+
 // A chained launch's counters: the ticket counter, then per set its arrivals and its flag, zeroed before
 // each launch.
 static inline int64_t chain_counter_bytes(int64_t sets) { return (1 + 2 * sets) * 4; }
