@@ -278,17 +278,28 @@ def test_tiny_row_views(view, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1_000_003, 1), (70001, 2), (4099, 3), (129, 26), (257, 31), (3000, 16)])
+@pytest.mark.parametrize("shape", [(1_000_003, 1), (70001, 2), (50003, 4), (20001, 8), (4099, 3), (129, 26), (257, 31),
+                                   (3000, 16)])
 @pytest.mark.parametrize("offset", [0, 1])
-def test_tiny_contiguous_rows(shape, offset, dtype):
-    """Contiguous rows under 32 elements, x at a 16-byte boundary or not (offset): the thread-row kernel
-    (rows of 16 fp32 at a boundary: the row kernel), the last block partial."""
+@pytest.mark.parametrize("packed", ["1", "2", "0"], ids=["packed", "packed_two_vectors", "unpacked"])
+def test_tiny_contiguous_rows(shape, offset, dtype, packed, monkeypatch):
+    """Contiguous rows under 32 elements, x at a 16-byte boundary or not (offset): rows of bytes that divide 16
+    at a boundary take the packed-row kernel (whole rows in a vector, 1 or 2 vectors a thread; the rows after
+    the last whole vector one by one), FASTNORM_PACKED_ROWS=0 the thread-row kernel (16-byte rows: the row
+    kernel); other rows the thread-row kernel (rows of 16 fp32 at a boundary: the row kernel), the last
+    block partial."""
+    if packed == "0":
+        monkeypatch.setenv("FASTNORM_PACKED_ROWS", "0")
+    else:
+        monkeypatch.setenv("FASTNORM_PACKED_ROW_VECTORS", packed)
     rows, n = shape
     x = make((rows * n + offset,), dtype, "randn", seed=rows + n)[offset:].view(rows, n)
     w, b = params((n,), dtype, True, seed=n)
     check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype)
     check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype)
     check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype)
+    if dtype in (torch.float32, torch.float64):  # LayerNorm's sums about a row's first element
+        check(run_op(x + 1000, 1, 2, w, b, 1e-5, False), reference(x + 1000, 1, 2, w, b), dtype)
 
 
 def test_tiny_rows_past_the_grid():

@@ -102,6 +102,9 @@ def _call(shape, begin, end, dtype="float32", rms=False):
     (_call((100000, 257), 1, 2), "offset_rows"),           # scalar rows of 32-8189 elements
     (_call((100000, 17), 1, 2), "offset_rows"),            # scalar rows shorter than a warp: a thread a row
     (_call((100000, 17), 1, 2, "float64"), "row"),       # float64 rows of 17-31: the row kernel
+    (_call((100000, 2), 1, 2), "offset_rows"),             # rows of bytes dividing 16: packed in vectors
+    (_call((100000, 8), 1, 2, "bfloat16"), "offset_rows"),  # 16-byte rows too
+    (_call((100000, 8), 1, 2), "row"),                   # 32-byte rows: the row kernel
     (_call((1024, 65536), 1, 2), "cluster"),             # 256 KB rows filling the chip
     (_call((7168, 262144), 1, 2), "split"),              # 1 MB rows: 16 cached slices
     (_call((16, 4194304), 1, 2), "resident"),            # 16 MB rows on chip

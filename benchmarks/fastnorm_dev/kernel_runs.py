@@ -96,6 +96,20 @@ def _sanitize_offset_rows(ext, dtype):
         x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
         fastnorm.layer_norm(x, (n,), torch.rand(n, device="cuda", dtype=dtype), None)
         fastnorm.rms_norm(x, (n,), None)
+    # Packed rows (whole rows in a 16-byte vector, the rows after the last whole vector one by one, at the
+    # end of the allocation), one and two vectors a thread, 16-byte rows too, with the statistics the
+    # training ops save.
+    for vectors in ("1", "2"):
+        os.environ["FASTNORM_PACKED_ROW_VECTORS"] = vectors
+        for rows, n in [(5003, 1), (3001, 2), (2001, 4), (1001, 8)]:
+            x = torch.randn(rows, n, device="cuda", dtype=dtype)
+            wb = torch.rand(n, device="cuda", dtype=dtype)
+            fastnorm.layer_norm(x, (n,), wb, wb)
+            fastnorm.rms_norm(x, (n,), None)
+            if dtype != torch.float64:
+                torch.ops.fastnorm.layer_norm_train(x, 1, 2, wb, wb, 1e-5)
+                torch.ops.fastnorm.rms_norm_train(x, 1, 2, wb, 1e-5)
+    os.environ.pop("FASTNORM_PACKED_ROW_VECTORS", None)
 
 
 def _sanitize_channels(ext, dtype):

@@ -218,6 +218,29 @@ __device__ __forceinline__ Vec<T, VEC> normalize_vec(const Vec<T, VEC>& x, const
   return normalize_with(x, st, w != nullptr, wv, b != nullptr, bv);
 }
 
+// The affine map of a row one thread holds whole: v[0, n) (zeros past n, K >= n). LayerNorm sums about the
+// row's first element, so rows far from zero (x + 1000) stay exact. The thread-row and packed-row kernels.
+template <typename A, int K>
+__device__ __forceinline__ Affine<A> thread_row_affine(const A (&v)[K], int n, A inv_n, double eps, bool rms) {
+  if (rms) {
+    A s = A(0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) s = fma(v[k], v[k], s);  // zeros past n add nothing
+    return affine_of(A(0), A(0), s * inv_n, eps, true);
+  }
+  A s = A(0);
+#pragma unroll
+  for (int k = 0; k < K; ++k) s += k < n ? v[k] - v[0] : A(0);
+  const A mean_rel = s * inv_n;
+  A q = A(0);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const A d = (v[k] - v[0]) - mean_rel;
+    q = k < n ? fma(d, d, q) : q;
+  }
+  return affine_of(v[0], mean_rel, q * inv_n, eps, false);
+}
+
 // Variance from the means of d and d * d about a rough mean. Below zero by rounding, or inf - inf
 // when the squares overflowed (|x| > ~1e19 with spread, or a constant row near FLT_MAX whose rough
 // mean is off by an ulp): then rstd = 0, y = b, as PyTorch gives when its variance overflows.

@@ -395,13 +395,29 @@ constexpr int kThreadRowThreads = 128;
 // spilled; its rows of 17-31 stay with the row kernel).
 constexpr int kThreadRowMaxN(int elem_bytes) { return elem_bytes == 8 ? 16 : 31; }
 
-template <typename T, typename W, int K>
+// kEarly: the parameters in registers from the start, loaded before the first rows' x; a round trip less for
+// small calls, but up to 166 registers a thread (K = 32), which costs large calls their occupancy. H200, us,
+// without -> with (torch.compile): LN fp32 950x26 6.56 -> 5.28 (4.13), bf16 6609x15 5.25 -> 4.93 (4.77),
+// fp32 20089x3 off2 4.13 -> 3.97, 86264x11 6.83 -> 6.66; but bf16 258797x12 off2 9.68 -> 10.78, RMS bf16
+// 1000000x19 pad3 41.9 -> 54.6, LN fp32 500000x7 10.6 -> 11.4. So calls of up to 8 blocks an SM take it
+// (674 blocks at 86264 rows, 2022 at 258797).
+constexpr int64_t kThreadRowEarlyWaves = 8;
+
+template <typename T, typename W, int K, bool kEarly = false>
 __global__ void __launch_bounds__(kThreadRowThreads) thread_rows_kernel(RowArgs<T, W> a) {
   using A = typename AccOf<T>::type;
   __shared__ T tile[kThreadRowThreads * K];
   const int n = int(a.n);
   const A inv_n = A(1) / A(n);
   const bool rms = a.rms;
+  A wv[K], bv[K];  // kEarly: the parameters in registers, loaded before the first rows' x
+  if constexpr (kEarly) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      wv[k] = a.w && k < n ? A(to_acc(a.w[k])) : A(1);
+      bv[k] = a.b && k < n ? A(to_acc(a.b[k])) : A(0);
+    }
+  }
   for (int64_t first = int64_t(blockIdx.x) * kThreadRowThreads; first < a.rows;
        first += int64_t(gridDim.x) * kThreadRowThreads) {
     const int64_t row = first + threadIdx.x;
@@ -411,32 +427,18 @@ __global__ void __launch_bounds__(kThreadRowThreads) thread_rows_kernel(RowArgs<
       A v[K];
 #pragma unroll
       for (int k = 0; k < K; ++k) v[k] = k < n ? A(to_acc(xr[k])) : A(0);
-      Affine<A> st;
-      if (rms) {
-        A s = A(0);
-#pragma unroll
-        for (int k = 0; k < K; ++k) s = fma(v[k], v[k], s);  // zeros past n add nothing
-        st = affine_of(A(0), A(0), s * inv_n, a.eps, true);
-      } else {  // about the row's first element, as the warp-row kernel
-        A s = A(0);
-#pragma unroll
-        for (int k = 0; k < K; ++k) s += k < n ? v[k] - v[0] : A(0);
-        const A mean_rel = s * inv_n;
-        A q = A(0);
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          const A d = (v[k] - v[0]) - mean_rel;
-          q = k < n ? fma(d, d, q) : q;
-        }
-        st = affine_of(v[0], mean_rel, q * inv_n, a.eps, false);
-      }
+      const Affine<A> st = thread_row_affine(v, n, inv_n, a.eps, rms);
       if (a.stats) save_affine(a.stats, row, st);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         if (k < n) {
           A out = normalized(v[k], st);
-          if (a.w) out *= A(to_acc(a.w[k]));
-          if (a.b) out += A(to_acc(a.b[k]));
+          if constexpr (kEarly) {
+            out = fma(out, wv[k], bv[k]);
+          } else {
+            if (a.w) out *= A(to_acc(a.w[k]));
+            if (a.b) out += A(to_acc(a.b[k]));
+          }
           tile[threadIdx.x * n + k] = from_acc<T>(out);
         }
       }
@@ -455,12 +457,15 @@ static inline bool thread_rows_take(const NormParams& p, int vec) {
 }
 
 template <typename T, typename W, int K>
-static inline const void* thread_rows_kernel_of(int64_t n) {
+static inline const void* thread_rows_kernel_of(int64_t n, bool early) {
   if constexpr (K / 2 >= kThreadRowMaxN(int(sizeof(T)))) {  // K / 2 already holds every row it takes
     return nullptr;
   } else {
-    if (n <= K) return reinterpret_cast<const void*>(thread_rows_kernel<T, W, K>);
-    return thread_rows_kernel_of<T, W, K * 2>(n);
+    if (n <= K) {
+      return early ? reinterpret_cast<const void*>(thread_rows_kernel<T, W, K, true>)
+                   : reinterpret_cast<const void*>(thread_rows_kernel<T, W, K>);
+    }
+    return thread_rows_kernel_of<T, W, K * 2>(n, early);
   }
 }
 
@@ -469,8 +474,14 @@ static inline const char* launch_thread_rows(const NormParams& p, cudaStream_t s
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 1, p.rms, p.stats};
   const int64_t blocks = (p.outer + kThreadRowThreads - 1) / kThreadRowThreads;
-  const int64_t cap = int64_t(device_info().sms) * 64;  // a few waves of resident blocks, then grid-stride
-  const void* kernel = thread_rows_kernel_of<T, W, 1>(p.n);
+  const int sms = device_info().sms;
+  const int64_t cap = int64_t(sms) * 64;  // a few waves of resident blocks, then grid-stride
+  // Calls of at most kThreadRowEarlyWaves blocks an SM load the parameters into registers before the first
+  // rows' x, so their round trip overlaps x's (FASTNORM_THREAD_ROW_EARLY=0 / 1, read at each call, for A/B
+  // runs: never / always).
+  const int64_t forced = env_int("FASTNORM_THREAD_ROW_EARLY", -1);
+  const bool early = forced == 1 || (forced != 0 && blocks <= int64_t(sms) * kThreadRowEarlyWaves);
+  const void* kernel = thread_rows_kernel_of<T, W, 1>(p.n, early);
   void* args[] = {&a};
   return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kThreadRowThreads),
                                         args, 0, stream));

@@ -14,7 +14,9 @@
 //                       (inference) one wave of blocks
 //                       scalar rows (odd n, misaligned) of 32-16377       offset_rows / warp_rows (offset_rows_kernel.cuh)
 //                       (bfloat16 up to 32761)
-//                       scalar rows of 1-31                              thread_rows (same file, same family)
+//                       contiguous rows of 2-16 bytes that divide 16,     packed_rows (packed_rows_kernel.cuh,
+//                       x and y 16-byte aligned                           the offset-row family)
+//                       scalar rows of 1-31                              thread_rows (offset_rows_kernel.cuh)
 //                       longer rows than a block caches, or few of them   split_slice / split_row_norm (split_kernels.cuh)
 //                       everything else (rows of up to 96 KB)             row_norm (row_kernel.cuh)
 //   with a residual     last-dim rows of up to 1024 threads x 4 vectors   residual_row (residual_rows.cuh)
@@ -52,6 +54,7 @@
 #include "split_kernels.cuh"
 #include "streamed_kernels.cuh"
 #include "offset_rows_kernel.cuh"
+#include "packed_rows_kernel.cuh"
 
 namespace fastnorm {
 
@@ -275,6 +278,7 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
   }
 #endif
 #ifdef FASTNORM_WANT_OFFSET_ROWS
+  if (packed_rows_take(p)) return launch_packed_rows<T, W>(p, stream);
   if (offset_rows_take(p, VEC)) return offset_rows_chunked(p) ? launch_offset_rows<T, W>(p, stream) : launch_warp_rows<T, W>(p, stream);
   if (thread_rows_take(p, VEC)) return launch_thread_rows<T, W>(p, stream);
 #endif

@@ -213,6 +213,9 @@ def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDev
         return "cluster"
     if _few_rows_take(call, dev, vec, threads):
         return "few_rows"
+    row_bytes = call.n * elem_size(call.dtype)
+    if 0 < row_bytes <= 16 and 16 % row_bytes == 0 and threads <= 0 and blocks_per_row <= 0:
+        return "offset_rows"  # packed_rows_kernel.cuh packed_rows_take: whole rows in a vector
     f64_gap = elem_size(call.dtype) == 8 and THREAD_ROWS_MAX_F64 < call.n < 32
     if (vec == 1 and offset_rows_cover(call.n, call.dtype, call.param_dtype) and not f64_gap and threads <= 0
             and blocks_per_row <= 0):
