@@ -380,7 +380,7 @@ def _op_grads(x, dy, w, b, rms, train):
 # block, one row a block (5120 bf16: 640 threads), split over a cluster in the backward (14336 bf16,
 # 16384 fp32: 64 KB), odd widths (the chunked offset-row kernel: 257, 3001; a warp a row: 99, and 33 and 65
 # with 4 and 3 rows a warp at once) and tiny
-# ones (a thread a row: 7; whole rows packed in a vector: 1, 2, 4 (2-byte), with a tail short of a vector).
+# ones (a thread a row: 7, and 1, 2, 4 (2-byte), rows the packed-row kernel takes where no statistics are saved).
 SAVED_SHAPES = [(300, 1024), (700, 40), (2000, 8), (256, 5120), (200, 14336), (150, 16384), (133, 4096),
                 (300, 257), (300, 3001), (2000, 99), (3001, 33), (1001, 65), (2000, 7), (1000, 1), (4001, 2),
                 (3003, 4)]

@@ -97,8 +97,8 @@ def _sanitize_offset_rows(ext, dtype):
         fastnorm.layer_norm(x, (n,), torch.rand(n, device="cuda", dtype=dtype), None)
         fastnorm.rms_norm(x, (n,), None)
     # Packed rows (whole rows in a 16-byte vector, the rows after the last whole vector one by one, at the
-    # end of the allocation), one and two vectors a thread, 16-byte rows too, with the statistics the
-    # training ops save.
+    # end of the allocation), one and two vectors a thread, 16-byte rows too; the training ops' forwards,
+    # which save statistics, take the thread-row and row kernels instead.
     for vectors in ("1", "2"):
         os.environ["FASTNORM_PACKED_ROW_VECTORS"] = vectors
         for rows, n in [(5003, 1), (3001, 2), (2001, 4), (1001, 8)]:
