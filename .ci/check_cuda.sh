@@ -4,9 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 status=0
+# torch.utils.cpp_extension compiles CUDA sources with these: without them a construct such as __half(0.0f)
+# compiles here and fails in the real build (session 36 lost a device call to it).
+TORCH_FLAGS=(-D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
+             -D__CUDA_NO_HALF2_OPERATORS__)
 for src in src/fastnorm/kernels/*.cu; do
   log=$(mktemp)
-  if ! nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Xptxas -v -c "$src" -o /dev/null >"$log" 2>&1; then
+  if ! nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr "${TORCH_FLAGS[@]}" -Xptxas -v -c "$src" -o /dev/null >"$log" 2>&1; then
     echo "CUDA compile failed: $src"; cat "$log"; status=1; continue
   fi
   spills=$(grep -E "[1-9][0-9]* bytes spill (stores|loads)" "$log" || true)
@@ -17,7 +21,7 @@ for src in src/fastnorm/kernels/*.cu; do
   fi
   rm -f "$log"
   # Pre-Hopper builds (A100: sm_80) must compile too: the Hopper-only code is guarded.
-  if ! nvcc -std=c++17 -O3 -arch=sm_80 --expt-relaxed-constexpr -c "$src" -o /dev/null >"$log" 2>&1; then
+  if ! nvcc -std=c++17 -O3 -arch=sm_80 --expt-relaxed-constexpr "${TORCH_FLAGS[@]}" -c "$src" -o /dev/null >"$log" 2>&1; then
     echo "CUDA compile for sm_80 failed: $src"; cat "$log"; status=1
   fi
   rm -f "$log"
