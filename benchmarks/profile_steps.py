@@ -5,9 +5,15 @@ Prints, per case: the step's median time between CUDA events (L2 flushed before 
 while the flush runs, as `fastnorm bench --timing device`), the same with the GPU idle at the start (host
 time counts, as `--timing host`), and torch.profiler's mean device time of every kernel the step launches.
 
-Usage: python benchmarks/profile_steps.py [--label NAME] [--cases ln-bf16-16384x4096,rms-bf16-16384x4096]
+With --impl compile the same steps run through torch.compile of the eager op (F.layer_norm, F.rms_norm, or the
+channel formulas), to set inductor's kernels beside ours. With --ncu each case runs one step between
+cudaProfilerStart/Stop instead (after warm-up), for `ncu --profile-from-start off`.
+
+Usage: python benchmarks/profile_steps.py [--label NAME] [--impl fastnorm|compile] [--ncu]
+                                          [--cases ln-bf16-16384x4096,rms-bf16-16384x4096]
 """
 import argparse
+import types
 
 import torch
 
@@ -25,7 +31,29 @@ def parse_case(text):
     return op, dtype, shape, "dim1" in parts[3:]
 
 
-def make_step(fastnorm, op, dtype, shape, channel):
+def compiled_ops():
+    """torch.compile of the eager ops, with fastnorm's call signatures (the channel forms as formulas)."""
+    import torch.nn.functional as F
+
+    def layer_norm(x, shape, w, b, eps, dim=None):
+        if dim is None:
+            return F.layer_norm(x, shape, w, b, eps)
+        mean = x.float().mean(dim, keepdim=True)
+        var = x.float().var(dim, unbiased=False, keepdim=True)
+        view = [1] * x.dim()
+        view[dim] = -1
+        return ((x.float() - mean) * torch.rsqrt(var + eps) * w.view(view) + b.view(view)).to(x.dtype)
+
+    def rms_norm(x, shape, w, eps, dim=None):
+        if dim is None:
+            return F.rms_norm(x, shape, w, eps)
+        y = x.float() * torch.rsqrt(x.float().pow(2).mean(dim, keepdim=True) + eps)
+        return y.to(x.dtype)
+
+    return types.SimpleNamespace(layer_norm=torch.compile(layer_norm), rms_norm=torch.compile(rms_norm))
+
+
+def make_step(ops, op, dtype, shape, channel):
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(shape, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
     dy = torch.randn(shape, device="cuda", dtype=dtype, generator=gen)
@@ -34,16 +62,16 @@ def make_step(fastnorm, op, dtype, shape, channel):
     b = torch.randn(c, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
     if channel and op == "rms":  # the RMSNorm seed: no weight
         inputs = [x]
-        fn = lambda: fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
+        fn = lambda: ops.rms_norm(x, None, None, 1e-5, dim=1)
     elif channel:
         inputs = [x, w, b]
-        fn = lambda: fastnorm.layer_norm(x, None, w, b, 1e-5, dim=1)
+        fn = lambda: ops.layer_norm(x, None, w, b, 1e-5, dim=1)
     elif op == "ln":
         inputs = [x, w, b]
-        fn = lambda: fastnorm.layer_norm(x, (c,), w, b, 1e-5)
+        fn = lambda: ops.layer_norm(x, (c,), w, b, 1e-5)
     else:
         inputs = [x, w]
-        fn = lambda: fastnorm.rms_norm(x, (c,), w, 1e-5)
+        fn = lambda: ops.rms_norm(x, (c,), w, 1e-5)
     return lambda: torch.autograd.grad(fn(), inputs, dy)
 
 
@@ -67,6 +95,17 @@ def event_median(step, flush, idle_start, reps=30):
     return times[len(times) // 2]
 
 
+def profiled_step(step):
+    """Warm-up steps (compile's first call compiles), then one between cudaProfilerStart/Stop."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def kernel_table(step, flush, reps=10):
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -87,14 +126,26 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--label", default="")
     p.add_argument("--cases", default=",".join(DEFAULT_CASES))
+    p.add_argument("--impl", choices=("fastnorm", "compile"), default="fastnorm")
+    p.add_argument("--ncu", action="store_true", help="one step a case between cudaProfilerStart/Stop, no timing")
     args = p.parse_args()
-    import fastnorm
+    if args.impl == "compile":
+        ops = compiled_ops()
+        print(f"== {args.label} torch.compile of the eager ops", flush=True)
+    else:
+        import fastnorm as ops
+        print(f"== {args.label} fastnorm from {ops.__file__}", flush=True)
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    print(f"== {args.label} fastnorm from {fastnorm.__file__}", flush=True)
     for text in args.cases.split(","):
         op, dtype, shape, channel = parse_case(text)
         torch.cuda.empty_cache()
-        step = make_step(fastnorm, op, dtype, shape, channel)
+        if args.impl == "compile":
+            torch._dynamo.reset()  # a fresh static-shape graph per case, as fastnorm bench compiles each row
+        step = make_step(ops, op, dtype, shape, channel)
+        if args.ncu:
+            profiled_step(step)
+            del step
+            continue
         dev = event_median(step, flush, idle_start=False)
         host = event_median(step, flush, idle_start=True)
         print(f"{args.label} {text}: step {dev:.1f} us device, {host:.1f} us idle start", flush=True)

@@ -214,7 +214,11 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
     const V* xv = reinterpret_cast<const V*>(a.x + (c ? row : 0) * a.x_stride);
     const V* gv = reinterpret_cast<const V*>(a.dy + (c ? row : 0) * a.n);
     V* xs = slots + int64_t(slot) * 2 * slice_vec;
-    for (int k = 0; k < c; ++k) {
+    // c <= K: unrolled, without a remainder loop (the split kernels keep the loop: unrolled, bf16 rows with
+    // float32 weights spilled 4 bytes)
+#pragma unroll
+    for (int k = 0; k < (kSplit ? c : K); ++k) {
+      if (k >= c) break;
       const int i = t + k * tpr;
       if constexpr (sizeof(V) >= 4) {
         cp_async<int(sizeof(V)), false>(xs + i, xv + i);
@@ -302,17 +306,24 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
       buf ^= 1;
       if (a.dx == nullptr) continue;
       const A k1 = -co.st.rstd * co.c1, k2 = -co.st.rstd * co.c2;
-      V* dxv = reinterpret_cast<V*>(a.dx + (c ? row : 0) * a.n);
+      const int64_t offset = (c ? row : 0) * a.n;
+      V* dxv = reinterpret_cast<V*>(a.dx + offset);
+      // The fused residual's dx_add in a branch of its own: predicated into the plain store, its loads,
+      // widening and adds were issued (and its address computed) on every row of every call.
+      auto store_dx = [&](const T* add) {
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (k >= c) break;
-        const int i = t + k * tpr;
-        A out[VEC];
+        for (int k = 0; k < K; ++k) {
+          if (k >= c) break;
+          const int i = t + k * tpr;
+          A out[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) out[e] = fma(gk[k][e], co.st.rstd, fma(xh[k][e], k2, k1));
-        add_gradient(a.dx_add ? a.dx_add + (c ? row : 0) * a.n : nullptr, i, out);
-        store_vec<false>(dxv + i, pack<T>(out));
-      }
+          for (int e = 0; e < VEC; ++e) out[e] = fma(gk[k][e], co.st.rstd, fma(xh[k][e], k2, k1));
+          add_gradient(add, i, out);
+          store_vec<false>(dxv + i, pack<T>(out));
+        }
+      };
+      if (__builtin_expect(a.dx_add != nullptr, 0)) store_dx(a.dx_add + offset);
+      else store_dx(nullptr);
       continue;
     }
     if constexpr (kSaved) {
