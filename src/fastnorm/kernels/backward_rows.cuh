@@ -214,10 +214,10 @@ __global__ void __launch_bounds__(kBackwardRowThreads, 1)
     const V* xv = reinterpret_cast<const V*>(a.x + (c ? row : 0) * a.x_stride);
     const V* gv = reinterpret_cast<const V*>(a.dy + (c ? row : 0) * a.n);
     V* xs = slots + int64_t(slot) * 2 * slice_vec;
-    // c <= K: unrolled, without a remainder loop (the split kernels keep the loop: unrolled, bf16 rows with
-    // float32 weights spilled 4 bytes)
+    // c <= K: unrolled, without a remainder loop (split kernels of half rows with float32 weights keep the
+    // loop: unrolled, they spilled 4 bytes)
 #pragma unroll
-    for (int k = 0; k < (kSplit ? c : K); ++k) {
+    for (int k = 0; k < (kSplit && !std::is_same<T, W>::value ? c : K); ++k) {
       if (k >= c) break;
       const int i = t + k * tpr;
       if constexpr (sizeof(V) >= 4) {
