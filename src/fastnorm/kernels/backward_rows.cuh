@@ -6,6 +6,9 @@
 // thread-block cluster of two blocks (Hopper; FASTNORM_ROW_BWD_SPLIT forces up to 8), which exchange
 // their row sums through distributed shared memory: one read of x and dy instead of the long-row
 // path's two (H100 backward, fp32 4096x16384: 483 -> 402 us LayerNorm, 478 -> 359 RMSNorm).
+// On the H200 short 2-byte rows left it issue-bound (ncu: issue slots 70% busy, twice inductor's
+// instructions for the same bytes): every instruction a row counts there (see the copy loop and dx_add below;
+// benchmarks/sass_loops.py shows what a change leaves in the loop).
 //
 // A group of `tpr` threads takes a row (a power of two, blockDim / tpr rows per block; or, from 160
 // threads a row on, one row a block of just enough warps); thread t owns vectors t, t + tpr, ... (at
