@@ -93,7 +93,7 @@ class CandidateSide:
         holds them exactly as a real call's does: with the null call's host wait shorter than the cover, the
         end event fires right after the start event and the judge sees the cover; longer, the reported time
         grows by what the judge sees beyond the cover. Either way excess = cover + the loop's own cost, so the
-        verdict (timing_verdict._clock_disagrees: excess - loop overhead) compares like with like."""
+        verdict (timing_verdict.clock_disagrees: excess - loop overhead) compares like with like."""
         wait_s = float(message["wait_ms"]) * 1e-3
         include_host = bool(message.get("include_host", True))
         stats = time_callable(lambda: _spin(wait_s), device=self.device, trials=int(message["trials"]), warmup=1,

@@ -34,7 +34,7 @@ def judge_timing(timing: dict, min_bytes: int, copy_bw: float, floor_check: bool
                  baseline_tail_ms: float = 0.0) -> str | None:
     """A one-line reason to call this timing cheating, or None. baseline_tail_ms: the reference's tail."""
     median = timing["median_ms"]
-    reason = _clock_disagrees(timing)
+    reason = clock_disagrees(timing)
     if reason:
         return reason
     tail = timing.get("device_tail_ms") or 0.0
@@ -52,7 +52,7 @@ def judge_timing(timing: dict, min_bytes: int, copy_bw: float, floor_check: bool
     return None
 
 
-def _clock_disagrees(timing: dict) -> str | None:
+def clock_disagrees(timing: dict) -> str | None:
     excess = timing.get("external_excess_ms")
     if excess is None:
         return None
