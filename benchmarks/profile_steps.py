@@ -17,6 +17,8 @@ import types
 
 import torch
 
+from fastnorm_dev.measure import channel_rms_ref, profiled_call  # beside this file: on sys.path as a script
+
 FLUSH_BYTES = 256 << 20
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_CASES = ("ln-bf16-16384x4096", "rms-bf16-16384x4096", "ln-bf16-8192x5120", "ln-fp32-4096x16384",
@@ -45,10 +47,7 @@ def compiled_ops():
         return ((x.float() - mean) * torch.rsqrt(var + eps) * w.view(view) + b.view(view)).to(x.dtype)
 
     def rms_norm(x, shape, w, eps, dim=None):
-        if dim is None:
-            return F.rms_norm(x, shape, w, eps)
-        y = x.float() * torch.rsqrt(x.float().pow(2).mean(dim, keepdim=True) + eps)
-        return y.to(x.dtype)
+        return F.rms_norm(x, shape, w, eps) if dim is None else channel_rms_ref(x, eps)  # (the seed: dim 1)
 
     return types.SimpleNamespace(layer_norm=torch.compile(layer_norm), rms_norm=torch.compile(rms_norm))
 
@@ -95,17 +94,6 @@ def event_median(step, flush, idle_start, reps=30):
     return times[len(times) // 2]
 
 
-def profiled_step(step):
-    """Warm-up steps (compile's first call compiles), then one between cudaProfilerStart/Stop."""
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-
-
 def kernel_table(step, flush, reps=10):
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -143,7 +131,7 @@ def main():
             torch._dynamo.reset()  # a fresh static-shape graph per case, as fastnorm bench compiles each row
         step = make_step(ops, op, dtype, shape, channel)
         if args.ncu:
-            profiled_step(step)
+            profiled_call(step, warmups=3)
             del step
             continue
         dev = event_median(step, flush, idle_start=False)

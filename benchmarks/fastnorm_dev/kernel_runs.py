@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fastnorm_dev import Command
-from fastnorm_dev.measure import affine_params, channel_rms_ref, parse_shape
+from fastnorm_dev.measure import affine_params, channel_rms_ref, parse_shape, profiled_call
 
 # profile's cases: name -> (input shape, normalized shape; None: the channel RMSNorm seed over dim 1)
 PROFILE_CASES = {
@@ -302,13 +302,7 @@ def run_profile(args):
         else:
             fn = fastnorm.layer_norm if impl != "compile" else torch.compile(F.layer_norm)
             call = lambda: fn(x, nshape, w, b, 1e-5)
-        for _ in range(2):
-            call()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-        call()
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+        profiled_call(call, warmups=2)
         del x, w, b
     print("profile: done")
 

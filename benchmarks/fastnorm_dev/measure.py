@@ -70,6 +70,18 @@ def group_norm_call(shape, groups, dtype, backward=False, activation=None, devic
     return (lambda: ext.group_norm_forward(x, w, b, groups, 1e-5, act)), x
 
 
+def profiled_call(call, warmups: int) -> None:
+    """`warmups` calls (torch.compile's first compiles and may tune), then one between cudaProfilerStart/Stop, for
+    `ncu --profile-from-start off`."""
+    for _ in range(warmups):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def copy_bandwidth(flush, reps=30) -> float:
     """Bytes read + written per second by a 1 GiB device-to-device copy (random bytes)."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
