@@ -344,6 +344,38 @@ def test_layer_norm_first_element_far_from_mean(shape, dtype, first):
     check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b, 1e-5, False), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4099, 1024), (1031, 4096), (20011, 64), (4099, 48), (1031, 3000), (1031, 3072)])
+@pytest.mark.parametrize("rms", [False, True])
+def test_row_kernel_count_bounds(shape, dtype, rms, monkeypatch):
+    """Vector rows that give each thread of the row kernel at most 2 or 4 vectors (all of these: exactly 4,
+    4, 2, 1-2, 2-3 and 3) take its variants with that bound built in, rows of exactly 4 the variant with that
+    count: the same bits as the bound alone (FASTNORM_ROW_EXACT=0) and the general kernel
+    (FASTNORM_ROW_COUNT_BOUND=0), against float64, the groups past the last row included (row counts that
+    leave a block part empty). The rough mean is that of each thread's first vector, so rows whose first
+    quarter sits far above the rest must stay exact too."""
+    exact = shape[1] in (1024, 4096)
+    for i, kind in enumerate(["randn", "offset", "first_quarter"]):
+        if kind == "offset" and (rms or dtype in (torch.float16, torch.bfloat16)):
+            continue  # as test_last_dim
+        x = make(shape, torch.float32, "randn" if kind == "first_quarter" else kind, seed=shape[1] + i)
+        if kind == "first_quarter":
+            x[:, : shape[1] // 4] += 1000.0 if dtype in (torch.float32, torch.float64) else 30.0
+        x = x.to(dtype)
+        w, b = params(shape[-1:], dtype, i != 1, seed=i)
+        b = None if rms else b
+        runs = []
+        for bound, exact_env in [("1", "1"), ("1", "0"), ("0", "1")]:
+            monkeypatch.setenv("FASTNORM_ROW_COUNT_BOUND", bound)
+            monkeypatch.setenv("FASTNORM_ROW_EXACT", exact_env)
+            names = kernels_of(lambda: run_op(x, 1, 2, w, b, 1e-5, rms))
+            assert any("row_norm_kernel" in k for k in names), names
+            runs.append((names, run_op(x, 1, 2, w, b, 1e-5, rms)))
+        check(runs[0][1], reference(x, 1, 2, w, b, 1e-5, rms), dtype, x)
+        assert all(torch.equal(out, runs[0][1]) for _, out in runs)
+        assert runs[1][0] != runs[2][0] and (runs[0][0] != runs[1][0]) == exact, [names for names, _ in runs]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(64, 1024), (33, 8192), (5, 100003), (4, 2**20)])
 @pytest.mark.parametrize("which", ["weight", "bias"])

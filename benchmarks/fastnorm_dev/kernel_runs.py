@@ -31,8 +31,10 @@ def _sanitize_rows(ext, dtype):
     import fastnorm
 
     # row kernel (vector, scalar), split, offset rows (chunked: 257; a warp a row: 99), thread rows
-    # (several blocks, a partial last block)
-    for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 99), (3000, 7), (1000, 1)]:
+    # (several blocks, a partial last block); the row kernel's count bounds (exactly 4: 3001x1024; at most 4:
+    # 1031x3072, 3 a thread; 2: 1001x48 and 2001x64), partial last blocks
+    for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 99), (3000, 7), (1000, 1),
+                  (3001, 1024), (1031, 3072), (1001, 48), (2001, 64)]:
         x = torch.randn(shape, device="cuda", dtype=dtype)
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
         fastnorm.layer_norm(x, shape[-1:], w, w)

@@ -119,9 +119,10 @@ struct RowSlice {
 // (4 spilled in the 32 registers of the 4-blocks row kernel, in a build that also batched the copies
 // of x into the cache, which measured slower). H100, against one at a time: bf16 512x100001 LN 206 -> 172 us, fp16
 // 2000x20001 RMS 116 -> 104, 11x22150 LN 28.7 -> 23.6 (benchmarks/results/h100-long-scalar-rows.txt).
-template <bool kCenter, bool kW, bool kB, bool kEvictFirst, typename A, typename T, typename W, int VEC>
+template <bool kCenter, bool kW, bool kB, bool kEvictFirst, int kCount, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
                                                  const Affine<A>& st, int t, int sh, int count) {
+  if constexpr (kCount > 0) count = kCount;  // a count known at compile time: a loop without remainder
   if constexpr (sizeof(Vec<T, VEC>) < 8) {
     constexpr int kStoreBatch = 2;
 #pragma unroll 1
@@ -141,42 +142,49 @@ __device__ __forceinline__ void store_cached_row(const Vec<T, VEC>* cache, Vec<T
         if (k0 + u < count) store_vec<kEvictFirst>(yv + i, normalize_with(cache[i], st, kW, wv[u], kB, bv[u], kCenter));
       }
     }
-    return;
-  }
+  } else {
 #pragma unroll 1
-  for (int k = 0; k < count; ++k) {
-    const int i = t + (k << sh);
-    A wv[VEC], bv[VEC];
-    if constexpr (kW) load_params<false, VEC>(w + int64_t(i) * VEC, wv);
-    if constexpr (kB) load_params<false, VEC>(b + int64_t(i) * VEC, bv);
-    store_vec<kEvictFirst>(yv + i, normalize_with(cache[i], st, kW, wv, kB, bv, kCenter));
+    for (int k = 0; k < count; ++k) {
+      const int i = t + (k << sh);
+      A wv[VEC], bv[VEC];
+      if constexpr (kW) load_params<false, VEC>(w + int64_t(i) * VEC, wv);
+      if constexpr (kB) load_params<false, VEC>(b + int64_t(i) * VEC, bv);
+      store_vec<kEvictFirst>(yv + i, normalize_with(cache[i], st, kW, wv, kB, bv, kCenter));
+    }
   }
 }
 
-// store_cached_row for the call's case.
-template <bool kEvictFirst, typename A, typename T, typename W, int VEC>
+// store_cached_row for the call's case (kCount > 0: every thread holds exactly kCount vectors).
+template <bool kEvictFirst, int kCount = 0, typename A, typename T, typename W, int VEC>
 __device__ __forceinline__ void store_own_vectors(const Vec<T, VEC>* cache, Vec<T, VEC>* yv, const W* w, const W* b,
                                              const Affine<A>& st, int t, int sh, int count, bool rms) {
   if (rms && !b) {  // (RMSNorm's affine map has center 0 and offset 0: the general loops serve too)
-    if (w) store_cached_row<false, true, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
-    else store_cached_row<false, false, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+    if (w) store_cached_row<false, true, false, kEvictFirst, kCount>(cache, yv, w, b, st, t, sh, count);
+    else store_cached_row<false, false, false, kEvictFirst, kCount>(cache, yv, w, b, st, t, sh, count);
   } else if (w && b) {
-    store_cached_row<true, true, true, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+    store_cached_row<true, true, true, kEvictFirst, kCount>(cache, yv, w, b, st, t, sh, count);
   } else if (w) {
-    store_cached_row<true, true, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+    store_cached_row<true, true, false, kEvictFirst, kCount>(cache, yv, w, b, st, t, sh, count);
   } else if (b) {
-    store_cached_row<true, false, true, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+    store_cached_row<true, false, true, kEvictFirst, kCount>(cache, yv, w, b, st, t, sh, count);
   } else {
-    store_cached_row<true, false, false, kEvictFirst>(cache, yv, w, b, st, t, sh, count);
+    store_cached_row<true, false, false, kEvictFirst, kCount>(cache, yv, w, b, st, t, sh, count);
   }
 }
 
 // Copies a thread's vectors t + (k << sh), k < count, of xv into the cache and waits for them
 // (cp.async; plain loads for vectors under 4 bytes). A thread reads back only its own copies: no
 // barrier needed.
-template <bool kEvictFirst, typename T, int VEC>
+template <bool kEvictFirst, int kK = 0, bool kExact = false, typename T, int VEC>
 __device__ __forceinline__ void cache_own_vectors(Vec<T, VEC>* cache, const Vec<T, VEC>* xv, int t, int sh, int count) {
-  if constexpr (sizeof(Vec<T, VEC>) >= 4) {
+  if constexpr (kK > 0) {
+    static_assert(sizeof(Vec<T, VEC>) >= 4, "count bounds are for vectors of 4 bytes and more");
+#pragma unroll
+    for (int k = 0; k < kK; ++k) {
+      if (kExact || k < count) cp_async<int(sizeof(Vec<T, VEC>)), kEvictFirst>(cache + t + (k << sh), xv + t + (k << sh));
+    }
+    cp_async_wait_all();
+  } else if constexpr (sizeof(Vec<T, VEC>) >= 4) {
     for (int k = 0; k < count; ++k) cp_async<int(sizeof(Vec<T, VEC>)), kEvictFirst>(cache + t + (k << sh), xv + t + (k << sh));
     cp_async_wait_all();
   } else {
@@ -275,39 +283,53 @@ __device__ __forceinline__ void store_granule_row(const Vec<T, 1>* x0v, T* y, in
   }
 }
 
-// Passes over a thread's cached vectors t + (k << sh), k < count, for the plain-sum statistics:
-// sum of x * scale (scale = 1 / n: a rough mean that cannot overflow near FLT_MAX), sum of x * x,
-// and the sums of d = x - c and d * d about a rough mean c.
-template <typename A, typename T, int VEC>
-__device__ __forceinline__ A cached_scaled_sum(const Vec<T, VEC>* cache, int t, int sh, int count, A scale) {
-  A vals[VEC], s = A(0);
+// Passes over a thread's cached vectors t + (k << sh), k < count (kK > 0: count is at most kK, exactly
+// kK with kExact, the loop unrolled whole), for the plain-sum statistics: sum of x * scale (scale = 1 / n:
+// a rough mean that cannot overflow near FLT_MAX), sum of x * x, and the sums of d = x - c and d * d
+// about a rough mean c.
+template <int kK, bool kExact, typename F>
+__device__ __forceinline__ void for_own_vectors(int count, F&& step) {
+  if constexpr (kK > 0) {
+#pragma unroll
+    for (int k = 0; k < kK; ++k) {
+      if (kExact || k < count) step(k);
+    }
+  } else {
 #pragma unroll 2
-  for (int k = 0; k < count; ++k) {
+    for (int k = 0; k < count; ++k) step(k);
+  }
+}
+
+template <int kK = 0, bool kExact = false, typename A, typename T, int VEC>
+__device__ __forceinline__ A cached_scaled_sum(const Vec<T, VEC>* cache, int t, int sh, int count, A scale) {
+  A s = A(0);
+  for_own_vectors<kK, kExact>(count, [&](int k) {
+    A vals[VEC];
     widen(cache[t + (k << sh)].v, vals);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) s = fma(vals[e], scale, s);
-  }
+  });
   return s;
 }
 
-template <typename A, typename T, int VEC>
+template <typename A, int kK = 0, bool kExact = false, typename T, int VEC>
 __device__ __forceinline__ A cached_square_sum(const Vec<T, VEC>* cache, int t, int sh, int count) {
-  A vals[VEC], s = A(0);
-#pragma unroll 2
-  for (int k = 0; k < count; ++k) {
+  A s = A(0);
+  for_own_vectors<kK, kExact>(count, [&](int k) {
+    A vals[VEC];
     widen(cache[t + (k << sh)].v, vals);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) s = fma(vals[e], vals[e], s);
-  }
+  });
   return s;
 }
 
-template <typename A, typename T, int VEC>
+template <int kK = 0, bool kExact = false, typename A, typename T, int VEC>
 __device__ __forceinline__ void cached_deviation_sums(const Vec<T, VEC>* cache, int t, int sh, int count, A c,
                                                       A (&out)[2]) {
-  A vals[VEC], sd = A(0), sdd = A(0);
-#pragma unroll 2
-  for (int k = 0; k < count; ++k) {
+  A sd = A(0), sdd = A(0);
+  for_own_vectors<kK, kExact>(count, [&](int k) {
+    A vals[VEC];
     widen(cache[t + (k << sh)].v, vals);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
@@ -315,7 +337,7 @@ __device__ __forceinline__ void cached_deviation_sums(const Vec<T, VEC>* cache, 
       sd += d;
       sdd = fma(d, d, sdd);
     }
-  }
+  });
   out[0] = sd;
   out[1] = sdd;
 }

@@ -212,8 +212,17 @@ static inline RowPlan plan_rows(const NormParams& p) {
   if (cache_vec) {
     static bool smem_allowed = false;
     if (!smem_allowed) {
+      constexpr bool kHasMore = kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>;
       allow_smem(row_norm_kernel<T, W, VEC, true>);
-      if constexpr (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>) allow_smem(row_norm_kernel<T, W, VEC, true, true>);
+      if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true>);
+      if constexpr (VEC > 1) {
+        allow_smem(row_norm_kernel<T, W, VEC, true, false, 2>);
+        allow_smem(row_norm_kernel<T, W, VEC, true, false, 4>);
+        if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true, 2>);
+        if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true, 4>);
+        allow_smem(row_norm_kernel<T, W, VEC, true, false, 4, true>);
+        if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true, 4, true>);
+      }
       smem_allowed = true;
     }
   }
@@ -249,6 +258,40 @@ static inline bool row_stats_saved(const NormParams& p) {
 
 // What a forward asked to save statistics answers when its kernel would not save them.
 #define FASTNORM_STATS_NOT_SAVED "statistics asked of a call the row kernel does not take (fastnorm_cuda_saves_stats)"
+
+#ifdef FASTNORM_WANT_ROW
+// The cached row kernel of a plan: the 4-blocks budget or not (kMore); a bound of 2 or 4 on a thread's
+// vectors or none (kK, `bound`); exactly 4 (kExact, `exact`).
+template <typename T, typename W, int VEC>
+static inline void launch_cached_rows(bool more, int bound, bool exact, const RowPlan& plan, const RowArgs<T, W>& a,
+                                      int grid_store, cudaStream_t stream) {
+  constexpr bool kHasMore = kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>;
+  const dim3 grid(plan.grid), block(plan.threads);
+  const bool m = more && kHasMore;
+  const size_t smem = plan.smem;
+  if constexpr (VEC > 1) {
+    if (exact && m) {
+      row_norm_kernel<T, W, VEC, true, kHasMore, 4, true><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+    } else if (exact) {
+      row_norm_kernel<T, W, VEC, true, false, 4, true><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+    } else if (bound == 4 && m) {
+      row_norm_kernel<T, W, VEC, true, kHasMore, 4><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+    } else if (bound == 4) {
+      row_norm_kernel<T, W, VEC, true, false, 4><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+    } else if (bound == 2 && m) {
+      row_norm_kernel<T, W, VEC, true, kHasMore, 2><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+    } else if (bound == 2) {
+      row_norm_kernel<T, W, VEC, true, false, 2><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+    }
+    if (bound) return;
+  }
+  if (m) {
+    row_norm_kernel<T, W, VEC, true, kHasMore><<<grid, block, smem, stream>>>(a, plan.cache_vec, grid_store);
+  } else {
+    row_norm_kernel<T, W, VEC, true><<<grid, block, smem, stream>>>(a, plan.cache_vec, grid_store);
+  }
+}
+#endif
 
 template <typename T, typename W, int VEC>
 static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) {
@@ -299,12 +342,18 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
     // call, for A/B runs) turns it off / on for every type.
     const int grid_store = VEC == 1 && env_int("FASTNORM_ROW_GRID_STORE", sizeof(T) == 2) != 0;
     if (plan.cache_vec) {
-      if constexpr (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>) {
-        if (plan.more_blocks && !grid_store) row_norm_kernel<T, W, VEC, true, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec, grid_store);
+      // Vector rows that give each thread at most 2 or 4 vectors take the kernel with that bound built in,
+      // rows of exactly 4 the kernel with that count (row_norm_kernel's kK, kExact). FASTNORM_ROW_COUNT_BOUND=0
+      // leaves them to the general kernel, FASTNORM_ROW_EXACT=0 the rows of exactly 4 to the bound (both read
+      // at each call, for A/B runs).
+      int bound = 0;
+      bool exact = false;
+      if constexpr (VEC > 1) {
+        const int64_t per = (p.n / VEC + plan.tpr - 1) / plan.tpr;
+        if (per <= 4 && env_int("FASTNORM_ROW_COUNT_BOUND", 1) != 0) bound = per <= 2 ? 2 : 4;
+        exact = bound == 4 && 4 * plan.tpr * VEC == p.n && env_int("FASTNORM_ROW_EXACT", 1) != 0;  // per == 4
       }
-      if (!plan.more_blocks || grid_store) {
-        row_norm_kernel<T, W, VEC, true><<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec, grid_store);
-      }
+      launch_cached_rows<T, W, VEC>(plan.more_blocks && !grid_store, bound, exact, plan, a, grid_store, stream);
     } else {
       row_norm_kernel<T, W, VEC, false><<<plan.grid, plan.threads, 0, stream>>>(a, 0, 0);
     }
