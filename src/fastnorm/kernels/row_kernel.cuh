@@ -25,7 +25,7 @@ constexpr int kUncachedRowBlocks = VEC == 1 && sizeof(T) == 2 ? 1 : MinBlocksOf<
 // kK > 0: a thread holds at most kK vectors of its row, so the copy and the statistics' passes unroll
 // whole, with no loop counters or remainders (the output's loop unrolled too spilled at 32 registers);
 // kExact: exactly kK (n == kK * tpr * VEC; a group past the last row reads row 0 and stores nothing), so
-// no thread tests its count either (the tests cost 2.5 us of 71 on bf16 16384x4096 LayerNorm). The row
+// no thread tests its count either (the tests cost 3.4 us of 74 on bf16 16384x4096 LayerNorm). The row
 // kernel's instructions were the 2-byte rows' limit on the H200 (ncu: issue slots 79% busy on bf16
 // 65536x1024 LayerNorm). H200, LayerNorm (results/h200-row-count-bound.txt): bf16 16384x4096 78.8 -> 70.8
 // us, 65536x1024 73.7 -> 70.8, fp32 122227x36 18.6 -> 16.9, fp16 300000x48 27.3 -> 24.0. (Holding the
