@@ -315,6 +315,21 @@ def test_channel_backward_paths(monkeypatch, layout, path, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("strided", ["1", "0"], ids=["strided", "offset_or_row"])
+@pytest.mark.parametrize("shape", [(300, 1429), (200, 4097), (140, 12001)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("rms", [False, True], ids=["ln", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_scalar_row_forward_saves_statistics(monkeypatch, strided, shape, rms, dtype):
+    """Training on scalar rows of 1025+ (odd n, as many rows as SMs: the forward saves each row's affine map
+    for the backward) through the strided-row kernel or, with FASTNORM_STRIDED_ROWS=0, the offset-row and row
+    kernels: gradients against float64."""
+    monkeypatch.setenv("FASTNORM_STRIDED_ROWS", strided)
+    run_case("cuda", shape, 1, 2, dtype, True, rms)
+    run_case("cuda", shape, 1, 2, dtype, False, rms, offset=1000.0 if dtype == torch.float32 else 0.0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("stages", ["2", "3", "4"])
 @pytest.mark.parametrize("shape", [(300, 1024), (700, 40), (90, 8192)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -117,6 +117,7 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
     by FASTNORM_OFFSET_ROWS; chunked also without its fill rule), with many rows (past the few-rows kernel)
     and fewer than SMs, every parameter case."""
     monkeypatch.setenv("FASTNORM_OFFSET_ROWS", kernel.split("_")[0])
+    monkeypatch.setenv("FASTNORM_STRIDED_ROWS", "0")  # rows of 1025+: test_strided_rows
     if kernel == "chunked_fewest_threads":  # small calls get more threads a row (the fill rule): not here
         monkeypatch.setenv("FASTNORM_OFFSET_ROW_FILL", "0")
     base = make((rows, n + 3), dtype, "randn", seed=n)
@@ -127,6 +128,36 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
     if dtype == torch.float32 and not rms:
         x = (base + 1000.0)[:, 1:n + 1]
         check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1025, 1429, 2048, 2049, 4097, 8192, 8193, 12001, 16384])
+@pytest.mark.parametrize("layout", ["contiguous", "shifted", "padded"])
+@pytest.mark.parametrize("rows", [600, 40])
+def test_strided_rows(n, dtype, layout, rows, monkeypatch):
+    """The strided-row kernel (scalar rows of 1025-16384, a block a row, element j in thread j % B), forced
+    (FASTNORM_STRIDED_ROWS=1): each of its instances (600 rows: 8 elements a thread on up to 512 threads for
+    rows of up to 4096, 16 on up to 512 up to 8192, 16 on 1024 past that; 40 rows, a latency-bound call: 8 on
+    up to 1024 threads up to 8192), on contiguous rows of odd n (or of a 16-byte
+    boundary, 2048 and 8192, at an offset), x shifted one element into its storage (every row's offset other
+    than y's) and padded rows (stride n + 5); weight and bias, none, bias alone, float32 weights for the half
+    types; float32 LayerNorm also at x + 1000."""
+    monkeypatch.setenv("FASTNORM_STRIDED_ROWS", "1")
+    offset = 0 if layout == "padded" else 1 if layout == "shifted" or n % 8 == 0 else 0
+    stride = n + 5 if layout == "padded" else n
+    base = make((rows * stride + offset + 5,), dtype, "randn", seed=n + rows)
+    x = base[offset:offset + rows * stride].view(rows, stride)[:, :n]
+    w, b = params((n,), dtype, True, n)
+    cases = [(w, b), (None, None), (None, b)] + ([(w.float(), b.float())] if dtype != torch.float32 else [])
+    for w_, b_ in cases:
+        for rms in (False, True):
+            if rms and w_ is None and b_ is not None:
+                continue
+            out = run_op(x, 1, 2, w_, None if rms else b_, 1e-5, rms)
+            check(out, reference(x, 1, 2, w_, None if rms else b_, 1e-5, rms), dtype, x)
+    if dtype == torch.float32:
+        x = (base + 1000.0)[offset:offset + rows * stride].view(rows, stride)[:, :n]
+        check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype, x)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

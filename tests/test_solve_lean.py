@@ -101,6 +101,10 @@ def _call(shape, begin, end, dtype="float32", rms=False):
     (_call((8, 4096), 1, 2), "few_rows"),                # fewer rows than SMs, a vector a thread
     (_call((100000, 257), 1, 2), "offset_rows"),           # scalar rows of 32-8189 elements
     (_call((100000, 17), 1, 2), "offset_rows"),            # scalar rows shorter than a warp: a thread a row
+    (_call((100000, 12001), 1, 2, "float16"), "offset_rows"),  # float16 rows of 1025-16384: strided, a block a row
+    (_call((100, 6001), 1, 2), "offset_rows"),             # a latency-bound call of rows of 1025-8192: strided
+    (_call((100000, 12001), 1, 2), "row"),               # float32 rows past 8189: the row kernel
+    (_call((100, 6001), 1, 2, "float64"), "row"),        # (float64: never strided)
     (_call((100000, 17), 1, 2, "float64"), "row"),       # float64 rows of 17-31: the row kernel
     (_call((100000, 2), 1, 2), "offset_rows"),             # rows of bytes dividing 16: packed in vectors
     (_call((100000, 8), 1, 2, "bfloat16"), "offset_rows"),  # 16-byte rows too

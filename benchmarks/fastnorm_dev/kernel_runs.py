@@ -85,6 +85,18 @@ def _sanitize_offset_rows(ext, dtype):
         fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
         fastnorm.rms_norm(x[:, :1023], (1023,), None)
     os.environ.pop("FASTNORM_OFFSET_ROWS", None)
+    # Strided rows (1025-16384, not float64): 8 elements a thread on 160 and 512 threads, 16 on 320 and 1024, x
+    # shifted (the last row at the end of the allocation), parameter cases, a training forward (saves statistics).
+    if dtype != torch.float64:
+        os.environ["FASTNORM_STRIDED_ROWS"] = "1"
+        for rows, n, offset in [(300, 1025, 1), (200, 4095, 3), (150, 5001, 1), (140, 16384, 1), (700, 8193, 2)]:
+            x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
+            wb = torch.rand(n, device="cuda", dtype=dtype)
+            fastnorm.layer_norm(x, (n,), wb, wb)
+            fastnorm.layer_norm(x, (n,), None, wb)
+            fastnorm.rms_norm(x, (n,), None)
+            torch.ops.fastnorm.layer_norm_train(x, 1, 2, wb, wb, 1e-5)
+        os.environ.pop("FASTNORM_STRIDED_ROWS", None)
     # Rows of 32-48 on lane groups of the warp-row kernel (8 or 16 lanes a row), the last row at the end of
     # the allocation, the last warp's rows partial; 49 on a warp.
     for n in (32, 37, 48, 49):

@@ -88,6 +88,30 @@ __device__ __forceinline__ void group_sums(A (&v)[K], int tpr, A* smem) {
   }
 }
 
+// Sums of K values over the whole block, of any number of warps; every thread gets them. `smem` as for
+// group_sums (32 * K values, alternating two buffers).
+template <int K, typename A>
+__device__ __forceinline__ void block_sums(A (&v)[K], A* smem) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) smem[k * 32 + warp] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) v[k] = lane < int(blockDim.x >> 5) ? smem[k * 32 + lane] : A(0);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+}
+
 // Exact statistics, relative to `shift`, of the valid values a thread holds (two passes over
 // registers).
 template <typename A, typename T, int VEC, int kCache>

@@ -24,6 +24,9 @@
 // 56 against 111; benchmarks/NOTES.md).
 //
 // Rows of fewer than 32 elements (1000000x1, 500000x7): a thread a row (thread_rows_kernel below).
+//
+// The strided-row kernel (strided_rows_kernel.cuh, the same family) takes some rows of 1025-16384 before
+// these: latency-bound calls, and float16 calls of many rows.
 #pragma once
 #include <cstdlib>
 

@@ -12,8 +12,10 @@
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
 //                       at most 1024 vectors, fewer rows than SMs or      few_rows (few_rows_kernel.cuh)
 //                       (inference) one wave of blocks
-//                       scalar rows (odd n, misaligned) of 32-16377       offset_rows / warp_rows (offset_rows_kernel.cuh)
-//                       (bfloat16 up to 32761)
+//                       scalar rows (odd n, misaligned) of 1025-16384     strided_rows (strided_rows_kernel.cuh,
+//                       in latency-bound calls, or float16 in large ones  the offset-row family)
+//                       (not float64)
+//                       scalar rows of 32-16377 (bfloat16 up to 32761)    offset_rows / warp_rows (offset_rows_kernel.cuh)
 //                       contiguous rows of 2-16 bytes that divide 16,     packed_rows (packed_rows_kernel.cuh,
 //                       x and y 16-byte aligned                           the offset-row family)
 //                       scalar rows of 1-31                              thread_rows (offset_rows_kernel.cuh)
@@ -55,6 +57,7 @@
 #include "streamed_kernels.cuh"
 #include "offset_rows_kernel.cuh"
 #include "packed_rows_kernel.cuh"
+#include "strided_rows_kernel.cuh"
 
 namespace fastnorm {
 
@@ -322,6 +325,9 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
 #endif
 #ifdef FASTNORM_WANT_OFFSET_ROWS
   if (packed_rows_take(p)) return launch_packed_rows<T, W>(p, stream);
+  if constexpr (sizeof(T) < 8) {
+    if (strided_rows_take(p, VEC)) return launch_strided_rows<T, W>(p, stream);
+  }
   if (offset_rows_take(p, VEC)) return offset_rows_chunked(p) ? launch_offset_rows<T, W>(p, stream) : launch_warp_rows<T, W>(p, stream);
   if (thread_rows_take(p, VEC)) return launch_thread_rows<T, W>(p, stream);
 #endif

@@ -38,15 +38,19 @@ FEW_ROWS_WAVE_VECTORS = 64     # few_rows_kernel.cuh kFewRowsWaveVectors
 OFFSET_ROW_MAX_THREADS = 512   # offset_rows_kernel.cuh kOffsetRowMaxThreads
 OFFSET_ROW_MAX_K = 4           # offset_rows_kernel.cuh kOffsetRowMaxK
 OFFSET_ROW_WIDE_K = 8          # offset_rows_kernel.cuh kOffsetRowWideK (bfloat16 only: kOffsetRowTopK)
+STRIDED_ROW_MIN_N = 1025       # strided_rows_kernel.cuh kStridedRowMinN
+STRIDED_ROW_MAX_THREADS = 1024  # strided_rows_kernel.cuh kStridedRowMaxThreads
+STRIDED_ROW_MAX_K = 16         # strided_rows_kernel.cuh kStridedRowMaxK
+STRIDED_SMALL_ROWS = 8         # strided_rows_kernel.cuh kStridedSmallRows
 THREAD_ROWS_MAX_F64 = 16       # offset_rows_kernel.cuh kThreadRowMaxN: float64 rows of 17-31 take the row kernel
 MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
 
 
 def offset_rows_cover(n: int, dtype: str, param_dtype: str | None = None) -> bool:
     """offset_rows_kernel.cuh offset_rows_take for contiguous rows (32 and more; thread_rows_take, the same
-    family, has 1-31): the 16-byte chunks a row of n can touch fit 512 threads of 4 chunks each (n up to
-    8189 float32, 16377 2-byte types, 4095 float64), or of 8 (bfloat16 only) where the weight and bias of
-    those chunks fit shared memory."""
+    family, has 1-31, and strided_rows_take some of 1025-16384): the 16-byte chunks a row of n can touch fit
+    512 threads of 4 chunks each (n up to 8189 float32, 16377 2-byte types, 4095 float64), or of 8 (bfloat16
+    only) where the weight and bias of those chunks fit shared memory."""
     elem = elem_size(dtype)
     vec = 16 // elem
     chunks = (n + 2 * vec - 2) // vec
@@ -195,6 +199,18 @@ def _few_rows_take(call: ExtensionCall, dev: CudaDevice, vec: int, threads: int)
             and call.outer * max(32, _pow2_at_least(call.n // vec)) <= dev.sms * FEW_ROWS_WAVE_THREADS)
 
 
+def _strided_rows_take(call: ExtensionCall, dev: CudaDevice, vec: int, threads: int, blocks_per_row: int) -> bool:
+    """strided_rows_kernel.cuh strided_rows_take (the offset-row family): scalar rows of 1025-16384, not float64,
+    in a latency-bound call (strided_small_call) or float16 in a call of STRIDED_SMALL_ROWS rows an SM and more."""
+    longest = STRIDED_ROW_MAX_THREADS * STRIDED_ROW_MAX_K
+    if vec != 1 or not STRIDED_ROW_MIN_N <= call.n <= longest or elem_size(call.dtype) == 8 or threads > 0 \
+            or blocks_per_row > 0:
+        return False
+    many = call.outer >= STRIDED_SMALL_ROWS * dev.sms
+    small = not many and (call.n <= 4096 or (call.outer < dev.sms and call.n <= 8192))
+    return small or (call.dtype == "float16" and many)
+
+
 def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDevice(), threads: int = 0,
                 blocks_per_row: int = 0) -> str:
     """The family (kernels/selection.py FAMILIES) that takes a norm_forward call with these overrides."""
@@ -216,6 +232,8 @@ def norm_family(call: ExtensionCall, device_type: str, dev: CudaDevice = CudaDev
     row_bytes = call.n * elem_size(call.dtype)
     if 0 < row_bytes <= 16 and 16 % row_bytes == 0 and threads <= 0 and blocks_per_row <= 0:
         return "offset_rows"  # packed_rows_kernel.cuh packed_rows_take: whole rows in a vector
+    if _strided_rows_take(call, dev, vec, threads, blocks_per_row):
+        return "offset_rows"
     f64_gap = elem_size(call.dtype) == 8 and THREAD_ROWS_MAX_F64 < call.n < 32
     if (vec == 1 and offset_rows_cover(call.n, call.dtype, call.param_dtype) and not f64_gap and threads <= 0
             and blocks_per_row <= 0):

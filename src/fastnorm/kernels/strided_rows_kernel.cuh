@@ -1,0 +1,185 @@
+// Strided rows (strided_rows_kernel): scalar rows (odd n, row starts off a 16-byte boundary, x a shifted
+// view such as x[:, 2:]) of 1025-16384 elements, a block of B threads a row (B a multiple of 32). Element j
+// of the row sits in thread j % B's registers (slot j / B), so each load instruction of a warp reads 32
+// consecutive elements: plain scalar loads coalesce at any offset, with no realignment, and x, weight and
+// bias are all in flight before the first use. That is how torch.compile's and Liger's Triton kernels
+// take such rows. Nothing is staged in shared memory and no block gathers parameters first, so small
+// calls pay no fixed cost.
+//
+// Statistics: a plain sum gives a rough mean c, then the corrected two-pass sums of d = x - c (as the
+// row kernel); the output is (x - center) * rstd + offset (Affine), so rows far from zero stay exact.
+#pragma once
+#include "cuda_launch.cuh"
+#include "cuda_rows.cuh"
+
+namespace fastnorm {
+
+// Rows it takes: 1025 (the warp-row kernel has 32-1024) up to 16 elements a thread of 1024 threads.
+constexpr int kStridedRowMinN = 1025;
+constexpr int kStridedRowMaxThreads = 1024;
+constexpr int kStridedRowMaxK = 16;
+
+// The weight and bias of the thread's slots (those past n unread).
+template <int kB, int K, typename W>
+__device__ __forceinline__ void strided_params(const W* w, const W* b, W (&wr)[K], W (&br)[K], int n) {
+  const int t = threadIdx.x, B = kB > 0 ? kB : int(blockDim.x);
+  const W *wt = w + t, *bt = b + t;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (w && B * k < n - t) wr[k] = wt[B * k];
+    if (b && B * k < n - t) br[k] = bt[B * k];
+  }
+}
+
+// y of the thread's slots: x's normalized values times the weight plus the bias; kW / kBias: which
+// parameters there are (one loop per case: a test per element compiles to branches). kHeld: the parameters
+// are in wr / br (loaded with x), else each is loaded before its store: x, weight and bias of 16 slots at
+// once spilled at 64 registers, even loaded in two halves after the statistics.
+template <int kB, bool kHeld, bool kW, bool kBias, int K, typename A, typename T, typename W>
+__device__ __forceinline__ void strided_store(T* yr, const A (&v)[K], const Affine<A>& st, const W (&wr)[K],
+                                              const W (&br)[K], const W* w, const W* b, int n) {
+  const int t = threadIdx.x, B = kB > 0 ? kB : int(blockDim.x);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int j = t + B * k;
+    if (B * k < n - t) {
+      A o = normalized(v[k], st);
+      const A wv = kW ? A(to_acc(kHeld ? wr[k] : w[j])) : A(1), bv = kBias ? A(to_acc(kHeld ? br[k] : b[j])) : A(0);
+      if constexpr (kW && kBias) o = fma(o, wv, bv);
+      else if constexpr (kW) o *= wv;
+      else if constexpr (kBias) o += bv;
+      yr[j] = from_acc<T>(o);
+    }
+  }
+}
+
+template <int kB, bool kHeld, int K, typename A, typename T, typename W>
+__device__ __forceinline__ void strided_output(T* yr, const A (&v)[K], const Affine<A>& st, const W (&wr)[K],
+                                               const W (&br)[K], const W* w, const W* b, int n) {
+  if (w && b) strided_store<kB, kHeld, true, true>(yr, v, st, wr, br, w, b, n);
+  else if (w) strided_store<kB, kHeld, true, false>(yr, v, st, wr, br, w, b, n);
+  else if (b) strided_store<kB, kHeld, false, true>(yr, v, st, wr, br, w, b, n);
+  else strided_store<kB, kHeld, false, false>(yr, v, st, wr, br, w, b, n);
+}
+
+// Whether a thread's parameters are loaded with its x (K <= 8).
+template <int K>
+constexpr bool kStridedHeld = K <= 8;
+
+// K: elements a thread can hold (slots past n idle); kB: threads a row, 0 for blockDim.x (a multiple of 32,
+// at most kMaxB); kMinBlocks: blocks of kMaxB an SM the register budget is sized for. A block takes rows
+// blockIdx.x, + gridDim.x, ... Instances (strided_rows_shape): 8 a thread on up to 512 threads (40
+// registers for 2-byte x, 64 for float32: at 40 it spilled) and on up to 1024 (64 registers, latency-bound
+// calls), 16 on up to 512 (64 registers), 16 on 1024.
+template <typename T, typename W, int K, int kB, int kMaxB = kStridedRowMaxThreads, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kMaxB, kMinBlocks) strided_rows_kernel(RowArgs<T, W> a) {
+  using A = typename AccOf<T>::type;
+  __shared__ A sums[2][2 * 32];  // block_sums' partials: two buffers, one barrier a call
+  int buf = 0;
+  const int n = int(a.n), t = threadIdx.x, B = kB > 0 ? kB : int(blockDim.x);
+  const A inv_n = A(1) / A(n);
+  const bool rms = a.rms;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const T* xr = a.x + row * a.x_stride;
+    T raw[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) raw[k] = B * k < n - t ? xr[t + B * k] : from_acc<T>(A(0));
+    W wr[K], br[K];
+    if constexpr (kStridedHeld<K>) strided_params<kB>(a.w, a.b, wr, br, n);
+    A v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = A(to_acc(raw[k]));  // zeros past n
+    A s[1] = {A(0)};
+#pragma unroll
+    for (int k = 0; k < K; ++k) s[0] = rms ? fma(v[k], v[k], s[0]) : s[0] + v[k];
+    block_sums(s, sums[buf]);
+    buf ^= 1;
+    Affine<A> st;
+    if (rms) {
+      st = affine_of(A(0), A(0), s[0] * inv_n, a.eps, true);
+    } else {
+      const A c = s[0] * inv_n;
+      A q[2] = {A(0), A(0)};
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        if (B * k < n - t) {
+          const A d = v[k] - c;
+          q[0] += d;
+          q[1] = fma(d, d, q[1]);
+        }
+      }
+      block_sums(q, sums[buf]);
+      buf ^= 1;
+      const A mean_d = q[0] * inv_n;
+      st = affine_of(c, mean_d, corrected_variance(mean_d, q[1] * inv_n), a.eps, false);
+    }
+    if (a.stats && t == 0) save_affine(a.stats, row, st);
+    T* yr = a.y + row * int64_t(n);
+    strided_output<kB, kStridedHeld<K>>(yr, v, st, wr, br, a.w, a.b, n);
+  }
+}
+
+// Calls of fewer than kStridedSmallRows rows an SM are latency-bound: each thread's loads are one round trip
+// with no gathering before them. Rows of more than 4096 only where fewer than SMs (H200: fp16 421x4097 RMS
+// 9.8 -> 10.4 us; 7x4097 6.9 -> 5.4).
+constexpr int64_t kStridedSmallRows = 8;
+
+static inline bool strided_small_call(int64_t n, int64_t rows, int sms) {
+  return rows < kStridedSmallRows * sms && (n <= 4096 || (rows < sms && n <= 8 * int64_t(kStridedRowMaxThreads)));
+}
+
+// Whether the strided-row kernel takes a last-dim call of VEC-wide accesses (the caller leaves float64 out):
+// scalar rows of kStridedRowMinN-16384, no launch override; latency-bound calls (strided_small_call) and
+// float16 calls of kStridedSmallRows rows an SM and more, whose offset-row kernels keep one block an SM (they
+// spilled). H200, us, the offset-row kernels or the row kernel's scalar path -> strided
+// (results/h200-strided-rows.txt): fp32 36x3378 at an offset 6.9 -> 5.2, 834x1429 9.5 -> 8.4, bf16 323x1532
+// padded 6.7 -> 5.9, fp16 730x2250 RMS 10.0 -> 7.5, 15209x12001 RMS 434 -> 371, 58404x8713 padded LN 1743 ->
+// 1550. The rest stay: larger float32 and bfloat16 calls (bf16 100000x1025 LN 248 against 330, fp32
+// 16654x1029 57 against 62: 16-byte loads keep more bytes in flight than scalar ones) and the float16 calls
+// between (421x4097 RMS 9.8 against 11.6). FASTNORM_STRIDED_ROWS=0 / 1 (read at each call, for tests and A/B
+// runs): never / every call it can take.
+static inline bool strided_rows_take(const NormParams& p, int vec) {
+  if (vec != 1 || p.n < kStridedRowMinN || p.n > int64_t(kStridedRowMaxThreads) * kStridedRowMaxK) return false;
+  if (p.threads > 0 || p.blocks_per_row > 0) return false;
+  const int64_t forced = env_int("FASTNORM_STRIDED_ROWS", -1);
+  if (forced == 0 || forced == 1) return forced == 1;
+  const int sms = device_info().sms;
+  return strided_small_call(p.n, p.outer, sms) || (p.dtype == FN_F16 && p.outer >= kStridedSmallRows * sms);
+}
+
+// (K, B) of a row of n elements in a call of `rows`: latency-bound calls, 8 elements a thread on up to 1024
+// threads; the others up to 4096 elements, 8 a thread; up to 8192, 16; on the fewest warps that hold the row,
+// at most 512 (blocks of more left an SM one block, 27% of its threads, at 64 registers: bf16 16384x4097 RMS
+// 246 us against 145). Past 8192: 16 on 1024 threads.
+struct StridedShape {
+  int k, b;
+};
+
+static inline StridedShape strided_rows_shape(int64_t n, bool small) {
+  const int k = n <= 4096 || (small && n <= 8192) ? 8 : n <= 8192 ? 16 : kStridedRowMaxK;
+  if (k == kStridedRowMaxK && n > 8192) return {k, kStridedRowMaxThreads};
+  return {k, int(((n + k - 1) / k + 31) / 32 * 32)};
+}
+
+template <typename T>
+constexpr int kStridedMinBlocks8 = sizeof(T) == 2 ? 3 : 2;  // K = 8 on up to 512 threads: 40 or 64 registers
+
+template <typename T, typename W>
+static inline const char* launch_strided_rows(const NormParams& p, cudaStream_t stream) {
+  const bool small = strided_small_call(p.n, p.outer, device_info().sms);
+  const StridedShape s = strided_rows_shape(p.n, small);
+  const void* kernel =
+      s.b == kStridedRowMaxThreads && s.k == kStridedRowMaxK
+          ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, kStridedRowMaxK, kStridedRowMaxThreads>)
+      : s.k == 16 ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, 16, 0, 512, 2>)
+      : small     ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 1024, 1>)
+                  : reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 512, kStridedMinBlocks8<T>>);
+  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, s.b, p.rms, p.stats};
+  constexpr int64_t kMaxGrid = (int64_t(1) << 31) - 1;
+  void* args[] = {&a};
+  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(p.outer < kMaxGrid ? p.outer : kMaxGrid)), dim3(s.b),
+                                        args, 0, stream));
+}
+
+}  // namespace fastnorm
