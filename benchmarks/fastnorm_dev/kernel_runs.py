@@ -85,11 +85,14 @@ def _sanitize_offset_rows(ext, dtype):
         fastnorm.layer_norm(x, (1024,), torch.rand(1024, device="cuda", dtype=dtype), None)
         fastnorm.rms_norm(x[:, :1023], (1023,), None)
     os.environ.pop("FASTNORM_OFFSET_ROWS", None)
-    # Strided rows (1025-16384, not float64): 8 elements a thread on 160 and 512 threads, 16 on 320 and 1024, x
-    # shifted (the last row at the end of the allocation), parameter cases, a training forward (saves statistics).
+    # Strided rows (1025-16384, not float64), each instance: 8 elements a thread on up to 1024 threads (latency-bound
+    # calls: 160 and 512 threads) and on up to 512 (1100 rows, 8+ an SM: 288 threads), 16 on up to 512 (320) and
+    # on 1024; x shifted (the last row at the end of the allocation), parameter cases, a training forward (saves
+    # statistics).
     if dtype != torch.float64:
         os.environ["FASTNORM_STRIDED_ROWS"] = "1"
-        for rows, n, offset in [(300, 1025, 1), (200, 4095, 3), (150, 5001, 1), (140, 16384, 1), (700, 8193, 2)]:
+        for rows, n, offset in [(300, 1025, 1), (200, 4095, 3), (1100, 2049, 1), (150, 5001, 1), (140, 16384, 1),
+                                (700, 8193, 2)]:
             x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
             wb = torch.rand(n, device="cuda", dtype=dtype)
             fastnorm.layer_norm(x, (n,), wb, wb)
