@@ -155,9 +155,12 @@ struct StridedShape {
   int k, b;
 };
 
+// FASTNORM_STRIDED_ROW_K=16 (read at each call, for A/B runs): 16 elements a thread for every row up to 8192
+// (twice the bytes in flight a thread on rows up to 4096; not yet measured).
 static inline StridedShape strided_rows_shape(int64_t n, bool small) {
-  const int k = n <= 4096 || (small && n <= 8192) ? 8 : n <= 8192 ? 16 : kStridedRowMaxK;
-  if (k == kStridedRowMaxK && n > 8192) return {k, kStridedRowMaxThreads};
+  if (n > 8192) return {kStridedRowMaxK, kStridedRowMaxThreads};
+  const bool k16 = env_int("FASTNORM_STRIDED_ROW_K", 0) == 16;
+  const int k = !k16 && (n <= 4096 || small) ? 8 : kStridedRowMaxK;
   return {k, int(((n + k - 1) / k + 31) / 32 * 32)};
 }
 
@@ -171,9 +174,9 @@ static inline const char* launch_strided_rows(const NormParams& p, cudaStream_t 
   const void* kernel =
       s.b == kStridedRowMaxThreads && s.k == kStridedRowMaxK
           ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, kStridedRowMaxK, kStridedRowMaxThreads>)
-      : s.k == 16 ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, 16, 0, 512, 2>)
-      : small     ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 1024, 1>)
-                  : reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 512, kStridedMinBlocks8<T>>);
+      : s.k == kStridedRowMaxK ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, kStridedRowMaxK, 0, 512, 2>)
+      : small                  ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 1024, 1>)
+                               : reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 512, kStridedMinBlocks8<T>>);
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, s.b, p.rms, p.stats};
   constexpr int64_t kMaxGrid = (int64_t(1) << 31) - 1;
