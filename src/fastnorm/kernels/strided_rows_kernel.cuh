@@ -147,16 +147,15 @@ static inline bool strided_rows_take(const NormParams& p, int vec) {
   return strided_small_call(p.n, p.outer, sms) || (p.dtype == FN_F16 && p.outer >= kStridedSmallRows * sms);
 }
 
-// (K, B) of a row of n elements in a call of `rows`: latency-bound calls, 8 elements a thread on up to 1024
-// threads; the others up to 4096 elements, 8 a thread; up to 8192, 16; on the fewest warps that hold the row,
-// at most 512 (blocks of more left an SM one block, 27% of its threads, at 64 registers: bf16 16384x4097 RMS
-// 246 us against 145). Past 8192: 16 on 1024 threads.
+// (K, B) of a row of n elements: in a latency-bound call (small), 8 elements a thread on up to 1024 threads;
+// in the others up to 4096 elements, 8 a thread; up to 8192, 16; on the fewest warps that hold the row, at
+// most 512 (blocks of more left an SM one block, 27% of its threads, at 64 registers: bf16 16384x4097 RMS 246
+// us against 145). Past 8192: 16 on 1024 threads. FASTNORM_STRIDED_ROW_K=16 (read at each call, for A/B
+// runs): 16 a thread for every row up to 8192 (twice the bytes in flight a thread up to 4096; not yet measured).
 struct StridedShape {
   int k, b;
 };
 
-// FASTNORM_STRIDED_ROW_K=16 (read at each call, for A/B runs): 16 elements a thread for every row up to 8192
-// (twice the bytes in flight a thread on rows up to 4096; not yet measured).
 static inline StridedShape strided_rows_shape(int64_t n, bool small) {
   if (n > 8192) return {kStridedRowMaxK, kStridedRowMaxThreads};
   const bool k16 = env_int("FASTNORM_STRIDED_ROW_K", 0) == 16;
