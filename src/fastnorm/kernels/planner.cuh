@@ -215,7 +215,7 @@ static inline RowPlan plan_rows(const NormParams& p) {
   if (cache_vec) {
     static bool smem_allowed = false;
     if (!smem_allowed) {
-      constexpr bool kHasMore = kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>;
+      constexpr bool kHasMore = kCachedRowHasMore<T, W>;
       allow_smem(row_norm_kernel<T, W, VEC, true>);
       if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true>);
       if constexpr (VEC > 1) {
@@ -230,7 +230,7 @@ static inline RowPlan plan_rows(const NormParams& p) {
     }
   }
   const bool whole_block_row = threads == kMaxRowThreads && tpr == threads && nvec == per_thread * tpr;
-  const bool more_blocks = kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false> && !whole_block_row;
+  const bool more_blocks = kCachedRowHasMore<T, W> && !whole_block_row;
   const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
   // Blocks beyond what is resident queue up, but smaller blocks leave a shorter tail: a cap of 32
   // blocks per SM (two row batches per block at 65536x1024) measured 1-2 points slower than 256.
@@ -268,7 +268,7 @@ static inline bool row_stats_saved(const NormParams& p) {
 template <typename T, typename W, int VEC>
 static inline void launch_cached_rows(bool more, int bound, bool exact, const RowPlan& plan, const RowArgs<T, W>& a,
                                       int grid_store, cudaStream_t stream) {
-  constexpr bool kHasMore = kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>;
+  constexpr bool kHasMore = kCachedRowHasMore<T, W>;
   const dim3 grid(plan.grid), block(plan.threads);
   const bool m = more && kHasMore;
   const size_t smem = plan.smem;
