@@ -46,9 +46,10 @@ template <> struct ClusterBlocksOf<double> { static constexpr int value = 1; };
 // 91.8 -> 91.4%, fp32 8192x8192 -0.2) and keeps 3.
 template <typename T, typename W, bool kMore>
 constexpr int kCachedRowBlocks = sizeof(T) == 8 ? 1 : kMore && (sizeof(T) == 4 || std::is_same<T, W>::value) ? 4 : 3;
-// Whether (T, W) has a 4-blocks instance at all (else kMore changes nothing and is not built).
+// Whether (T, W) has a 4-blocks instance at all (else kMore changes nothing and is not built). In
+// parentheses: the solver's pruner (reachable.py) reads top-level commas as declarators.
 template <typename T, typename W>
-constexpr bool kCachedRowHasMore = kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>;
+constexpr bool kCachedRowHasMore = (kCachedRowBlocks<T, W, true> != kCachedRowBlocks<T, W, false>);
 
 // The vectors [v0, v1) of one row that is not cached, processed by a group of `tpr` threads (this
 // is thread `t`): `stats` reads them and returns this thread's statistics; the caller combines
