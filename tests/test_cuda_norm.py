@@ -134,19 +134,19 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
 @pytest.mark.parametrize("n", [1025, 1429, 2048, 2049, 4097, 8192, 8193, 12001, 16384])
 @pytest.mark.parametrize("layout", ["contiguous", "shifted", "padded"])
 @pytest.mark.parametrize("rows", [1200, 600, 40])
-@pytest.mark.parametrize("k", ["planned", "16"])
+@pytest.mark.parametrize("k", ["planned", "8", "16"])
 def test_strided_rows(n, dtype, layout, rows, k, monkeypatch):
     """The strided-row kernel (scalar rows of 1025-16384, a block a row, element j in thread j % B), forced
-    (FASTNORM_STRIDED_ROWS=1), each of its instances: 1200 rows (8+ an SM) take 8 elements a thread on up to
-    512 threads for rows of up to 4096, 16 on up to 512 up to 8192, 16 on 1024 past that; 600 rows 8 on up to
-    1024 threads up to 4096 (a latency-bound call), 40 rows (fewer than SMs) up to 8192. Contiguous rows of odd
-    n (those of a 16-byte boundary, 2048, 8192 and 16384, one element into their storage), x shifted one
-    element (every row's offset other than y's) and padded rows (stride n + 5); weight and bias, none, bias
-    alone, float32 weights for the half types; float32 LayerNorm also at x + 1000. FASTNORM_STRIDED_ROW_K=16 (an
-    A/B switch): 16 elements a thread on up to 512 threads for every row up to 8192."""
+    (FASTNORM_STRIDED_ROWS=1), each of its instances: 1200 rows (8+ an SM) take 16 elements a thread on up to
+    512 threads for rows of up to 8192, 16 on 1024 past that; 600 rows 8 on up to 1024 threads up to 4096 (a
+    latency-bound call), 40 rows (fewer than SMs) up to 8192. Contiguous rows of odd n (those of a 16-byte
+    boundary, 2048, 8192 and 16384, one element into their storage), x shifted one element (every row's offset
+    other than y's) and padded rows (stride n + 5); weight and bias, none, bias alone, float32 weights for the
+    half types; float32 LayerNorm also at x + 1000. FASTNORM_STRIDED_ROW_K (A/B switches): =8, 8 elements a
+    thread on up to 512 threads for rows of up to 4096 in 1200 rows; =16, 16 a thread in every call."""
     monkeypatch.setenv("FASTNORM_STRIDED_ROWS", "1")
-    if k == "16":
-        monkeypatch.setenv("FASTNORM_STRIDED_ROW_K", "16")
+    if k != "planned":
+        monkeypatch.setenv("FASTNORM_STRIDED_ROW_K", k)
     offset = 0 if layout == "padded" else 1 if layout == "shifted" or n % 8 == 0 else 0
     stride = n + 5 if layout == "padded" else n
     base = make((rows * stride + offset + 5,), dtype, "randn", seed=n + rows)

@@ -212,23 +212,6 @@ static inline RowPlan plan_rows(const NormParams& p) {
   const int64_t row_cache = VEC == 1 ? (nvec + 3 * kGranule - 1) / kGranule * kGranule : nvec;
   const int64_t cache_bytes = rows_per_block * row_cache * int64_t(sizeof(V));
   const int64_t cache_vec = cache_bytes <= kRowCacheBytes ? row_cache : 0;
-  if (cache_vec) {
-    static bool smem_allowed = false;
-    if (!smem_allowed) {
-      constexpr bool kHasMore = kCachedRowHasMore<T, W>;
-      allow_smem(row_norm_kernel<T, W, VEC, true>);
-      if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true>);
-      if constexpr (VEC > 1) {
-        allow_smem(row_norm_kernel<T, W, VEC, true, false, 2>);
-        allow_smem(row_norm_kernel<T, W, VEC, true, false, 4>);
-        if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true, 2>);
-        if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true, 4>);
-        allow_smem(row_norm_kernel<T, W, VEC, true, false, 4, true>);
-        if constexpr (kHasMore) allow_smem(row_norm_kernel<T, W, VEC, true, true, 4, true>);
-      }
-      smem_allowed = true;
-    }
-  }
   const bool whole_block_row = threads == kMaxRowThreads && tpr == threads && nvec == per_thread * tpr;
   const bool more_blocks = kCachedRowHasMore<T, W> && !whole_block_row;
   const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
@@ -263,35 +246,41 @@ static inline bool row_stats_saved(const NormParams& p) {
 #define FASTNORM_STATS_NOT_SAVED "statistics asked of a call the row kernel does not take (fastnorm_cuda_saves_stats)"
 
 #ifdef FASTNORM_WANT_ROW
+// One cached row kernel: its shared memory opt-in (over 48 KB) asked at its first launch, then the launch.
+template <auto Kernel, typename Args>
+static inline void launch_cached_instance(const RowPlan& plan, const Args& a, int grid_store, cudaStream_t stream) {
+  static const bool allowed = (allow_smem(Kernel), true);
+  (void)allowed;
+  Kernel<<<plan.grid, plan.threads, plan.smem, stream>>>(a, plan.cache_vec, grid_store);
+}
+
 // The cached row kernel of a plan: the 4-blocks budget or not (kMore); a bound of 2 or 4 on a thread's
 // vectors or none (kK, `bound`); exactly 4 (kExact, `exact`).
 template <typename T, typename W, int VEC>
 static inline void launch_cached_rows(bool more, int bound, bool exact, const RowPlan& plan, const RowArgs<T, W>& a,
                                       int grid_store, cudaStream_t stream) {
   constexpr bool kHasMore = kCachedRowHasMore<T, W>;
-  const dim3 grid(plan.grid), block(plan.threads);
   const bool m = more && kHasMore;
-  const size_t smem = plan.smem;
   if constexpr (VEC > 1) {
     if (exact && m) {
-      row_norm_kernel<T, W, VEC, true, kHasMore, 4, true><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+      launch_cached_instance<row_norm_kernel<T, W, VEC, true, kHasMore, 4, true>>(plan, a, 0, stream);
     } else if (exact) {
-      row_norm_kernel<T, W, VEC, true, false, 4, true><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+      launch_cached_instance<row_norm_kernel<T, W, VEC, true, false, 4, true>>(plan, a, 0, stream);
     } else if (bound == 4 && m) {
-      row_norm_kernel<T, W, VEC, true, kHasMore, 4><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+      launch_cached_instance<row_norm_kernel<T, W, VEC, true, kHasMore, 4>>(plan, a, 0, stream);
     } else if (bound == 4) {
-      row_norm_kernel<T, W, VEC, true, false, 4><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+      launch_cached_instance<row_norm_kernel<T, W, VEC, true, false, 4>>(plan, a, 0, stream);
     } else if (bound == 2 && m) {
-      row_norm_kernel<T, W, VEC, true, kHasMore, 2><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+      launch_cached_instance<row_norm_kernel<T, W, VEC, true, kHasMore, 2>>(plan, a, 0, stream);
     } else if (bound == 2) {
-      row_norm_kernel<T, W, VEC, true, false, 2><<<grid, block, smem, stream>>>(a, plan.cache_vec, 0);
+      launch_cached_instance<row_norm_kernel<T, W, VEC, true, false, 2>>(plan, a, 0, stream);
     }
     if (bound) return;
   }
   if (m) {
-    row_norm_kernel<T, W, VEC, true, kHasMore><<<grid, block, smem, stream>>>(a, plan.cache_vec, grid_store);
+    launch_cached_instance<row_norm_kernel<T, W, VEC, true, kHasMore>>(plan, a, grid_store, stream);
   } else {
-    row_norm_kernel<T, W, VEC, true><<<grid, block, smem, stream>>>(a, plan.cache_vec, grid_store);
+    launch_cached_instance<row_norm_kernel<T, W, VEC, true>>(plan, a, grid_store, stream);
   }
 }
 #endif
@@ -326,7 +315,8 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
 #ifdef FASTNORM_WANT_OFFSET_ROWS
   if (packed_rows_take(p)) return launch_packed_rows<T, W>(p, stream);
   if constexpr (sizeof(T) < 8) {
-    if (strided_rows_take(p, VEC)) return launch_strided_rows<T, W>(p, stream);
+    const StridedPlan strided = strided_rows_plan(p, VEC);
+    if (strided.k > 0) return launch_strided_rows<T, W>(p, strided, stream);
   }
   if (offset_rows_take(p, VEC)) return offset_rows_chunked(p) ? launch_offset_rows<T, W>(p, stream) : launch_warp_rows<T, W>(p, stream);
   if (thread_rows_take(p, VEC)) return launch_thread_rows<T, W>(p, stream);

@@ -128,6 +128,27 @@ static inline bool strided_small_call(int64_t n, int64_t rows, int sms) {
   return rows < kStridedSmallRows * sms && (n <= 4096 || (rows < sms && n <= 8 * int64_t(kStridedRowMaxThreads)));
 }
 
+// The strided-row kernel's plan of a call: K elements a thread on B threads; small, a latency-bound call
+// (strided_small_call: the 1024-thread instance); k == 0, a call it does not take.
+struct StridedPlan {
+  int k, b;
+  bool small;
+};
+
+// (K, B) of a row of n elements: in a latency-bound call (small), 8 elements a thread on up to 1024 threads
+// (rows up to 8192); in the others 16 a thread on the fewest warps that hold the row, at most 512 (blocks of
+// more left an SM one block, 27% of its threads, at 64 registers: bf16 16384x4097 RMS 246 us against 145);
+// past 8192, 16 on 1024 threads. H200, rows of up to 4096 at 8 a thread -> 16 (results/h200-strided-rows.txt):
+// fp16 100000x1535 LN 426 -> 347 us, RMS 317 -> 277; twice the bytes in flight a thread. FASTNORM_STRIDED_ROW_K
+// (read at each call, for A/B runs): =8, 8 a thread on rows up to 4096 in every call (as before); =16, 16 in
+// every call.
+static inline StridedPlan strided_rows_shape(int64_t n, bool small) {
+  if (n > 8192) return {kStridedRowMaxK, kStridedRowMaxThreads, small};
+  const int64_t forced = env_int("FASTNORM_STRIDED_ROW_K", 0);
+  const int k = forced != 16 && (small || (forced == 8 && n <= 4096)) ? 8 : kStridedRowMaxK;
+  return {k, int(((n + k - 1) / k + 31) / 32 * 32), small};
+}
+
 // Whether the strided-row kernel takes a last-dim call of VEC-wide accesses (the caller leaves float64 out):
 // scalar rows of kStridedRowMinN-16384, no launch override; latency-bound calls (strided_small_call) and
 // float16 calls of kStridedSmallRows rows an SM and more, whose offset-row kernels keep one block an SM (they
@@ -138,43 +159,28 @@ static inline bool strided_small_call(int64_t n, int64_t rows, int sms) {
 // 16654x1029 57 against 62: 16-byte loads keep more bytes in flight than scalar ones) and the float16 calls
 // between (421x4097 RMS 9.8 against 11.6). FASTNORM_STRIDED_ROWS=0 / 1 (read at each call, for tests and A/B
 // runs): never / every call it can take.
-static inline bool strided_rows_take(const NormParams& p, int vec) {
-  if (vec != 1 || p.n < kStridedRowMinN || p.n > int64_t(kStridedRowMaxThreads) * kStridedRowMaxK) return false;
-  if (p.threads > 0 || p.blocks_per_row > 0) return false;
-  const int64_t forced = env_int("FASTNORM_STRIDED_ROWS", -1);
-  if (forced == 0 || forced == 1) return forced == 1;
+static inline StridedPlan strided_rows_plan(const NormParams& p, int vec) {
+  const StridedPlan none{0, 0, false};
+  if (vec != 1 || p.n < kStridedRowMinN || p.n > int64_t(kStridedRowMaxThreads) * kStridedRowMaxK) return none;
+  if (p.threads > 0 || p.blocks_per_row > 0) return none;
   const int sms = device_info().sms;
-  return strided_small_call(p.n, p.outer, sms) || (p.dtype == FN_F16 && p.outer >= kStridedSmallRows * sms);
-}
-
-// (K, B) of a row of n elements: in a latency-bound call (small), 8 elements a thread on up to 1024 threads;
-// in the others up to 4096 elements, 8 a thread; up to 8192, 16; on the fewest warps that hold the row, at
-// most 512 (blocks of more left an SM one block, 27% of its threads, at 64 registers: bf16 16384x4097 RMS 246
-// us against 145). Past 8192: 16 on 1024 threads. FASTNORM_STRIDED_ROW_K=16 (read at each call, for A/B
-// runs): 16 a thread for every row up to 8192 (twice the bytes in flight a thread up to 4096; not yet measured).
-struct StridedShape {
-  int k, b;
-};
-
-static inline StridedShape strided_rows_shape(int64_t n, bool small) {
-  if (n > 8192) return {kStridedRowMaxK, kStridedRowMaxThreads};
-  const bool k16 = env_int("FASTNORM_STRIDED_ROW_K", 0) == 16;
-  const int k = !k16 && (n <= 4096 || small) ? 8 : kStridedRowMaxK;
-  return {k, int(((n + k - 1) / k + 31) / 32 * 32)};
+  const bool small = strided_small_call(p.n, p.outer, sms);
+  const int64_t forced = env_int("FASTNORM_STRIDED_ROWS", -1);
+  const bool take = forced == 0 || forced == 1 ? forced == 1
+                                               : small || (p.dtype == FN_F16 && p.outer >= kStridedSmallRows * sms);
+  return take ? strided_rows_shape(p.n, small) : none;
 }
 
 template <typename T>
 constexpr int kStridedMinBlocks8 = sizeof(T) == 2 ? 3 : 2;  // K = 8 on up to 512 threads: 40 or 64 registers
 
 template <typename T, typename W>
-static inline const char* launch_strided_rows(const NormParams& p, cudaStream_t stream) {
-  const bool small = strided_small_call(p.n, p.outer, device_info().sms);
-  const StridedShape s = strided_rows_shape(p.n, small);
+static inline const char* launch_strided_rows(const NormParams& p, const StridedPlan& s, cudaStream_t stream) {
   const void* kernel =
       s.b == kStridedRowMaxThreads && s.k == kStridedRowMaxK
           ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, kStridedRowMaxK, kStridedRowMaxThreads>)
       : s.k == kStridedRowMaxK ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, kStridedRowMaxK, 0, 512, 2>)
-      : small                  ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 1024, 1>)
+      : s.small                ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 1024, 1>)
                                : reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 512, kStridedMinBlocks8<T>>);
   RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
                   static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, s.b, p.rms, p.stats};

@@ -48,7 +48,7 @@ MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
 
 def offset_rows_cover(n: int, dtype: str, param_dtype: str | None = None) -> bool:
     """offset_rows_kernel.cuh offset_rows_take for contiguous rows (32 and more; thread_rows_take, the same
-    family, has 1-31, and strided_rows_take some of 1025-16384): the 16-byte chunks a row of n can touch fit
+    family, has 1-31, and strided_rows_plan some of 1025-16384): the 16-byte chunks a row of n can touch fit
     512 threads of 4 chunks each (n up to 8189 float32, 16377 2-byte types, 4095 float64), or of 8 (bfloat16
     only) where the weight and bias of those chunks fit shared memory."""
     elem = elem_size(dtype)
@@ -200,7 +200,7 @@ def _few_rows_take(call: ExtensionCall, dev: CudaDevice, vec: int, threads: int)
 
 
 def _strided_rows_take(call: ExtensionCall, dev: CudaDevice, vec: int, threads: int, blocks_per_row: int) -> bool:
-    """strided_rows_kernel.cuh strided_rows_take (the offset-row family): scalar rows of 1025-16384, not float64,
+    """strided_rows_kernel.cuh strided_rows_plan (the offset-row family): scalar rows of 1025-16384, not float64,
     in a latency-bound call (strided_small_call) or float16 in a call of STRIDED_SMALL_ROWS rows an SM and more."""
     longest = STRIDED_ROW_MAX_THREADS * STRIDED_ROW_MAX_K
     if vec != 1 or not STRIDED_ROW_MIN_N <= call.n <= longest or elem_size(call.dtype) == 8 or threads > 0 \
