@@ -519,6 +519,7 @@ static inline bool offset_rows_shifted(const NormParams& p) {
 
 constexpr int64_t kChunkedRowsBytes = 24 << 20;  // (offset_rows_chunked)
 constexpr int kChunkedRowsPerSm = 16;
+constexpr int64_t kWarpRowsF32MaxN = 640;  // between 513 (faster on warps) and 771 (faster chunked), unmeasured
 
 static inline bool offset_rows_take(const NormParams& p, int vec) {
   const char* env = std::getenv("FASTNORM_OFFSET_ROWS");
@@ -544,11 +545,15 @@ static inline bool offset_rows_chunked(const NormParams& p) {
   if (env && env[0] == 'c') return true;
   if (env && env[0] == 'w') return false;
   if (p.n < 128) return false;
-  // 2-byte rows: the warp-row kernel once the SMs get 16 rows each (bf16 3000x513 at an offset 11.1 -> 10.1
-  // us, fp16 21309x257 RMS 21.3 -> 15.8; bf16 436x792 at an offset 5.9 against 10.0 on warps; H100). The
-  // others up to 24 MB on the chunked kernel (fp32 16654x270, 4713x257: level).
-  if (elem_size(p.dtype) == 2) return p.outer < int64_t(kChunkedRowsPerSm) * device_info().sms;
-  return p.outer * p.n * elem_size(p.dtype) <= kChunkedRowsBytes;
+  // 2-byte rows, and 4-byte rows of up to kWarpRowsF32MaxN: the warp-row kernel once the SMs get 16 rows each
+  // (bf16 3000x513 at an offset 11.1 -> 10.1 us, fp16 21309x257 RMS 21.3 -> 15.8; bf16 436x792 at an offset 5.9
+  // against 10.0 on warps; H100. fp32 4713x257 RMS 8.70 -> 8.02, 16654x270 16.5 -> 15.9; 4096x771 LN 13.7
+  // against 20.1 on warps; H200, results/h200-strided-rows.txt). The others up to 24 MB on the chunked kernel.
+  const int elem = elem_size(p.dtype);
+  if (elem == 2 || (elem == 4 && p.n <= kWarpRowsF32MaxN)) {
+    return p.outer < int64_t(kChunkedRowsPerSm) * device_info().sms;
+  }
+  return p.outer * p.n * elem <= kChunkedRowsBytes;
 }
 
 template <typename T, typename W, int K>
