@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     p.add_argument("--perf-trials", type=int, default=100)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--device", default="cuda", help="cuda (default); cpu only to try this script")
+    p.add_argument("--build-jobs", type=int, default=None,
+                   help=f"builds at a time in the runs with builds ahead (default {default_build_jobs()})")
     p.add_argument("--out", default=None, help="JSON results file")
     args = p.parse_args(argv)
     gpus = visible_gpus()
@@ -64,17 +66,24 @@ def main(argv=None) -> int:
         copies.append(path)
     runs = {}
     for name in configs:
+        settings = dict(CONFIGS[name])
+        if args.build_jobs and settings["build_jobs"]:
+            settings["build_jobs"] = args.build_jobs
         start = time.monotonic()
         report = evaluate(args.reference, copies, device=args.device, trials=args.trials, perf_trials=args.perf_trials,
                           timeout=args.timeout, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
-                          **CONFIGS[name])
+                          **settings)
         wall = time.monotonic() - start
         runs[name] = {"wall_s": wall, "settings": report.settings,
                       "verdicts": [r.verdict for r in report.results],
                       "cand_ms": [r.cand_ms for r in report.results], "gpus": [r.gpu for r in report.results],
                       "ref_ms": {where: b.ref_timing["median_ms"] for where, b in report.baselines.items()},
                       "device_name": report.baseline.device_name,
-                      "stage_s_median": median_stages([r.stage_s for r in report.results])}
+                      "stage_s_median": median_stages([r.stage_s for r in report.results]),
+                      # the judge's clock check of each candidate (timing_verdict.clock_disagrees)
+                      "clock": [{k: (r.cand_timing or {}).get(k) for k in ("external_excess_ms", "loop_overhead_ms",
+                                                                            "loop_overhead_spread_ms")}
+                                for r in report.results]}
         print(f"{name}: {wall:.1f} s, verdicts {sorted(set(runs[name]['verdicts']))}", flush=True)
         print(f"  a candidate's judge, median seconds by stage: {runs[name]['stage_s_median']}", flush=True)
     first = runs[configs[0]]

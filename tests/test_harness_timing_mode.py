@@ -295,6 +295,34 @@ def test_a_late_null_call_does_not_set_the_loop_cost(late):
     assert "clock disagrees" in judge_timing(cut, min_bytes=1, copy_bw=1e12)  # a clock cut to a third: caught
 
 
+@pytest.mark.parametrize("seen,reported,covered,measured", [
+    (1.1, 0.003, True, True),      # the wait ran under the cover: the judge saw the cover
+    (0.008, 0.003, True, False),   # the judge read both announcements at once (not scheduled between them)
+    (1.0035, 1.0, True, False),    # the host reached the start event after the cover had run out
+    (1.02, 1.0, False, True),      # host timing: the call is the wait
+    (0.5, 1.0, False, False),      # host timing, read late
+])
+def test_null_call_measured(seen, reported, covered, measured):
+    assert judge.null_call_measured(seen, reported, covered) is measured
+
+
+def test_a_calibration_read_late_is_done_again():
+    """A judge that was not scheduled while the null calls ran (8 builds ahead on the host) reads their
+    announcements at once and would set the loop's cost to ~0, making an honest candidate a cheat by the whole
+    cover: the round is done again, before the candidate is loaded, and the measured round sets the cost."""
+    rounds = iter([([0.008] * 10, [0.003] * 10), ([1.1 + 0.001 * i for i in range(10)], [0.003] * 10)])
+    link = FakeCandidateLink(lambda trials: next(rounds), None)
+    loop_ms = judge.calibrate_loop(link, include_host=False, covered=True)
+    assert [command for command, _ in link.observed] == ["calibrate", "calibrate"]
+    assert len(loop_ms) == 10 and 1.09 < loop_ms[0] <= loop_ms[-1] < 1.11
+
+
+def test_a_calibration_never_measured_keeps_what_it_saw():
+    link = FakeCandidateLink(lambda trials: ([0.008] * trials, [0.003] * trials), None)
+    loop_ms = judge.calibrate_loop(link, include_host=False, covered=True)
+    assert len(link.observed) == judge.NULL_ROUNDS and loop_ms == [pytest.approx(0.005)] * (10 * judge.NULL_ROUNDS)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The judge's clock check with device timing (fabricated numbers in the style of test_harness's)
 
