@@ -86,13 +86,14 @@ def _sanitize_offset_rows(ext, dtype):
         fastnorm.rms_norm(x[:, :1023], (1023,), None)
     os.environ.pop("FASTNORM_OFFSET_ROWS", None)
     # Strided rows (1025-16384, not float64), each instance: 8 elements a thread on up to 1024 threads (latency-bound
-    # calls: 160 and 512 threads) and on up to 512 (1100 rows, 8+ an SM: 288 threads), 16 on up to 512 (320) and
-    # on 1024; x shifted (the last row at the end of the allocation), parameter cases, a training forward (saves
-    # statistics).
+    # calls: 160 and 512 threads) and on up to 512 (FASTNORM_STRIDED_ROW_K=8, 1100 rows, 8+ an SM: 288 threads), 16
+    # on up to 512 (1100 rows: 160; 320) and on 1024; x shifted (the last row at the end of the allocation),
+    # parameter cases, a training forward (saves statistics).
     if dtype != torch.float64:
         os.environ["FASTNORM_STRIDED_ROWS"] = "1"
-        for rows, n, offset in [(300, 1025, 1), (200, 4095, 3), (1100, 2049, 1), (150, 5001, 1), (140, 16384, 1),
-                                (700, 8193, 2)]:
+        for rows, n, offset, k in [(300, 1025, 1, ""), (200, 4095, 3, ""), (1100, 2049, 1, "8"), (1100, 2049, 1, ""),
+                                   (150, 5001, 1, ""), (140, 16384, 1, ""), (700, 8193, 2, "")]:
+            os.environ["FASTNORM_STRIDED_ROW_K"] = k
             x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
             wb = torch.rand(n, device="cuda", dtype=dtype)
             fastnorm.layer_norm(x, (n,), wb, wb)
@@ -100,6 +101,7 @@ def _sanitize_offset_rows(ext, dtype):
             fastnorm.rms_norm(x, (n,), None)
             torch.ops.fastnorm.layer_norm_train(x, 1, 2, wb, wb, 1e-5)
         os.environ.pop("FASTNORM_STRIDED_ROWS", None)
+        os.environ.pop("FASTNORM_STRIDED_ROW_K", None)
     # Rows of 32-48 on lane groups of the warp-row kernel (8 or 16 lanes a row), the last row at the end of
     # the allocation, the last warp's rows partial; 49 on a warp.
     for n in (32, 37, 48, 49):

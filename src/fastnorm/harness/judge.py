@@ -88,11 +88,11 @@ def with_second_look(timed_calls, progress: Progress) -> dict:
 def null_call_measured(seen_ms: float, reported_ms: float, covered: bool) -> bool:
     """Whether a null call's (judge's clock, reported) times measure the loop's cost. The null call waits
     NULL_WAIT_MS on the host between its two announcements, so a judge that saw less read the start late (not
-    scheduled in between: both announcements read at once); with device timing on a GPU (covered) the wait runs
-    under the cover (L2 flush + ~1.1 ms spin), so a reported time of half the wait or more means the host reached the start
-    event only after the cover had run out. Either way the judge's excess misses the cover: on a host busy
-    with 8 builds ahead (H200, session 40) one judge's calibration read 0.005 ms, and the honest candidate
-    was called a cheat by the whole cover (1.1 ms)."""
+    scheduled in between: both announcements read at once); with device timing on a GPU (covered) the wait
+    runs under the cover (L2 flush + ~1.1 ms spin), so a reported time of half the wait or more means the host
+    reached the start event only after the cover had run out. Either way the judge's excess misses the cover:
+    on a host busy with 8 builds ahead (H200, session 40) one judge's calibration read 0.005 ms, and the honest
+    candidate was called a cheat by the whole cover (1.1 ms)."""
     if seen_ms < reported_ms or seen_ms < NULL_WAIT_MS - NULL_LATE_MS:
         return False
     return not covered or reported_ms < NULL_WAIT_MS / 2
