@@ -604,16 +604,33 @@ def test_channel_axis_offset_fp32(shape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [1, 2, 3, 4])
-@pytest.mark.parametrize("shape", [(3, 7, 8, 8), (3, 70, 8, 8), (2, 9, 6, 6)])
+@pytest.mark.parametrize("shape", [(3, 7, 8, 8), (3, 70, 8, 8), (2, 9, 6, 6), (2, 72, 31, 33), (3, 616, 7, 7),
+                                   (2, 1024, 13, 17)])
 def test_channel_axis_misaligned(shape, offset, dtype):
     """x starting `offset` elements into its storage: each access width the address allows (2-byte
-    types at offset 2: 4-byte accesses), columns and tiles."""
+    types at offset 2: 4-byte accesses), columns and tiles; 2-byte columns (odd inner, odd offsets) are
+    copied as the granules that hold each channel's run: 16 tiles an image, the last one partly past inner
+    (1023), two tiles of 32 lanes over 49 columns, 1024 channels in narrow tiles."""
     numel = shape[0] * shape[1] * shape[2] * shape[3]
     base = make((numel + offset,), dtype, "randn", seed=offset + shape[1])
     x = base[offset:].view(shape)
     w, b = params(shape[1:2], dtype, True, seed=offset)
     check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b, 1e-5, False), dtype)
     check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype)
+
+
+@pytest.mark.parametrize("params_smem", ["1", "0"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_channel_tiles_params(dtype, params_smem, monkeypatch):
+    """Channel tiles (odd inner, x one element into its storage: 2-byte columns as granules) with weight and
+    bias in shared memory or (FASTNORM_CHANNEL_PARAMS_SMEM=0) loaded at each output; LayerNorm also about
+    x + 100, where a wrong shift would lose the deviations."""
+    monkeypatch.setenv("FASTNORM_CHANNEL_PARAMS_SMEM", params_smem)
+    base = make((3 * 40 * 15 * 17 + 1,), dtype, "randn", seed=21)
+    for x in (base[1:].view(3, 40, 15, 17), (base[1:] + 100).view(3, 40, 15, 17)):
+        w, b = params((40,), dtype, True, seed=22)
+        check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b, 1e-5, False), dtype, x)
+        check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype, x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

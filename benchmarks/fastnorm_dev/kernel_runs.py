@@ -135,10 +135,11 @@ def _sanitize_channels(ext, dtype):
     import fastnorm
 
     # Columns (up to 16 channels; also forced into tiles), tiles, registers; each access width (inner 196,
-    # 98, 35); misaligned starts; few tiles narrowed to one lane (2x701x14x14); odd inner in batches.
+    # 98, 35); misaligned starts; few tiles narrowed to one lane (2x701x14x14); 2-byte columns (odd inner,
+    # odd offsets) as granules, in several tiles an image, the last partly past inner.
     for shape, offset in [((2, 5, 3, 7), 0), ((2, 16, 14, 14), 0), ((3, 9, 7, 14), 2), ((2, 64, 8, 16), 0),
                           ((1, 300, 4, 4), 0), ((1, 3000, 4, 4), 0), ((2, 40, 7, 14), 0), ((2, 70, 5, 7), 1),
-                          ((2, 701, 14, 14), 0), ((2, 113, 31, 33), 0)]:
+                          ((2, 701, 14, 14), 0), ((2, 113, 31, 33), 0), ((2, 72, 31, 33), 1), ((2, 616, 7, 7), 2)]:
         numel = shape[0] * shape[1] * shape[2] * shape[3]
         x = torch.randn(numel + offset, device="cuda", dtype=dtype)[offset:].view(shape)
         for column_max in ("", "0"):

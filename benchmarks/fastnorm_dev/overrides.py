@@ -152,11 +152,12 @@ def run_ab(args):
 
 
 def _sweep_row(label):
-    """A BenchCase from a sweep label over the last dim: "LN fp32 36x3378 off3", "RMS bf16 1000000x1"."""
+    """A BenchCase from a sweep label: "LN fp32 36x3378 off3", "RMS bf16 1000000x1" (over the last dim),
+    "RMS bf16 36x72x31x33 dim1" (over dim 1)."""
     from fastnorm.bench.cases import DTYPES, OP_SHORT, BenchCase
 
     ops = {short: op for op, short in OP_SHORT.items()}
-    words = label.split()
+    words = [w for w in label.split() if w not in ("last", "dim1")]
     try:
         shape = tuple(int(s) for s in words[2].split("x"))
         layout = {w[:3]: int(w[3:]) for w in words[3:]}
@@ -164,7 +165,8 @@ def _sweep_row(label):
             raise ValueError
     except (IndexError, ValueError):
         raise SystemExit(f"devtool.py abrows: cannot read the row {label!r} (e.g. \"LN fp32 36x3378 off3\")")
-    return BenchCase("ab", ops[words[0]], words[1], shape, (len(shape) - 1,), True, offset=layout.get("off", 0),
+    dims = (1,) if "dim1" in label.split() else (len(shape) - 1,)
+    return BenchCase("ab", ops[words[0]], words[1], shape, dims, True, offset=layout.get("off", 0),
                      pad=layout.get("pad", 0))
 
 
@@ -325,8 +327,9 @@ def _ab_rows_args(p):
     p.add_argument("--mode", choices=("fwd", "bwd", "train"), default="fwd",
                    help="what is timed, as fastnorm bench --mode: forward, backward alone, or both (default fwd)")
     _variants_then(p, "abrows", "ROW", "the rows as the sweep labels them: \"LN fp32 36x3378 off3\", \"RMS bf16 "
-                   "1000000x1\" (last dim; offN / padN). AB_REPS (default 30) sets the timed calls a round; 3 rounds "
-                   "alternate the variants, torch.compile beside", flags="[--mode M] ")
+                   "1000000x1\" (last dim; offN / padN), \"RMS bf16 36x72x31x33 dim1\" (channels). AB_REPS (default "
+                   "30) sets the timed calls a round; 3 rounds alternate the variants, torch.compile beside",
+                   flags="[--mode M] ")
 
 
 def _ab_family_args(p):

@@ -77,57 +77,84 @@ __device__ __forceinline__ void column_sums(A* red, A (&v)[VEC], int ty, int tyn
   for (int e = 0; e < VEC; ++e) v[e] = totals[e * tx + lane];
 }
 
+// Bytes of one channel row of a tile in shared memory: tx vectors; for 2-byte columns copied as granules
+// (strided_tile_kernel), the 16-byte granules that hold tx elements at any offset.
+constexpr int64_t tile_row_bytes(int64_t tx, int64_t vec_bytes) {
+  return vec_bytes == 2 ? (tx * vec_bytes + 14 + 15) / 16 * 16 : tx * vec_bytes;
+}
+
+// The tile kernel keeps weight and bias in shared memory up to this many bytes (channels of float32 up to 1024).
+constexpr int64_t kTileParamsBytes = 8 << 10;
+
 // Channel-axis kernel for tiles that fit in shared memory: the whole tile (n x tx vectors) is
 // copied with cp.async (all loads in flight, few registers), statistics and output come from
 // shared memory. Thread (ty, lane) copies, and later reads back, channels ty, ty + tyn, ...
+// 2-byte columns (odd inner or an odd offset; cp.async copies 4 bytes at least) are copied as the 16-byte
+// granules that hold each channel's run of the tile, into slots of `pitch` bytes, the run's element 0 at byte
+// (address & 15) of its slot; the granules' bytes outside the run lie in x's allocation (allocations are
+// 16-byte aligned). Before, 2-byte loads in batches of 8 (H200, same process: bf16 LN 256x616x7x7 at an
+// offset 47.3 -> 44.2 us, RMS 36x72x31x33 16.0 -> 13.2, fp16 RMS 25x1024x13x17 32.1 -> 29.0).
+// Shared memory: column_sums' buffer (sums_bytes), then with params_bytes > 0 the weight and bias of every
+// channel as A (loaded once a block: the output loop's loads of them waited on L1/L2 at each channel), then
+// the tile.
 template <typename T, typename W, int VEC>
-__global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, int64_t sums_bytes) {
+__global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, int64_t sums_bytes, int64_t params_bytes,
+                                                           int pitch) {
   using A = typename AccOf<T>::type;
   using V = Vec<T, VEC>;
+  constexpr bool kGranules = sizeof(V) == 2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   A* red = reinterpret_cast<A*>(smem_raw);  // column_sums' partials and totals
-  V* tile_buf = reinterpret_cast<V*>(smem_raw + sums_bytes);  // [n][tx]
+  A* w_sh = params_bytes > 0 ? reinterpret_cast<A*>(smem_raw + sums_bytes) : nullptr;  // [n] weights, then [n] biases
+  unsigned char* tile_raw = smem_raw + sums_bytes + params_bytes;
+  V* tile_buf = reinterpret_cast<V*>(tile_raw);  // [n][tx] (vectors of 4+ bytes)
   const bool rms = a.rms;
   const int tx = a.tx, tyn = blockDim.x / tx;
   const int lane = threadIdx.x % tx, ty = threadIdx.x / tx;
   const int64_t cols = int64_t(tx) * VEC;
   const int64_t tiles_per_outer = (a.inner + cols - 1) / cols;
   const int64_t tiles = a.outer * tiles_per_outer;
+  if (w_sh) {  // read by the output loop after column_sums' barriers
+    for (int64_t j = threadIdx.x; j < a.n; j += blockDim.x) {
+      w_sh[j] = a.w ? A(to_acc(a.w[j])) : A(1);
+      w_sh[a.n + j] = a.b ? A(to_acc(a.b[j])) : A(0);
+    }
+  }
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t o = tile / tiles_per_outer;
-    const int64_t col = (tile % tiles_per_outer) * cols + int64_t(lane) * VEC;
+    const int64_t col0 = (tile % tiles_per_outer) * cols, col = col0 + int64_t(lane) * VEC;
     const bool active = col < a.inner;
+    const T* xt = a.x + o * a.x_outer_stride + col0;  // the tile's run of channel 0
     const T* xo = a.x + o * a.x_outer_stride + (active ? col : 0);
     T* yo = a.y + o * a.n * a.inner + (active ? col : 0);
-    if (active) {
-      if constexpr (sizeof(V) >= 4) {
-        for (int64_t j = ty; j < a.n; j += tyn) {
-          cp_async<int(sizeof(V)), false>(tile_buf + j * tx + lane, reinterpret_cast<const V*>(xo + j * a.inner));
-        }
-      } else {
-        // 2-byte columns (odd inner or an odd offset; cp.async copies 4 bytes at least): batches of
-        // kBatch loads in flight before their stores, not one load at a time (H100: bf16 8x113x31x33
-        // RMS spent 18.8 us on one dependent load after another).
-        constexpr int kBatch = 8;
-        for (int64_t j0 = ty; j0 < a.n; j0 += int64_t(kBatch) * tyn) {
-          V r[kBatch];
-#pragma unroll
-          for (int u = 0; u < kBatch; ++u) {
-            const int64_t j = j0 + int64_t(u) * tyn;
-            if (j < a.n) r[u] = load_vec<true>(reinterpret_cast<const V*>(xo + j * a.inner));
-          }
-#pragma unroll
-          for (int u = 0; u < kBatch; ++u) {
-            const int64_t j = j0 + int64_t(u) * tyn;
-            if (j < a.n) tile_buf[j * tx + lane] = r[u];
-          }
-        }
+    // Where thread (ty, lane) finds its vector of channel j in the cached tile.
+    const auto cached = [&](int64_t j) -> V {
+      if constexpr (kGranules) {
+        const int off = int((reinterpret_cast<uintptr_t>(xt) + uintptr_t(j) * uintptr_t(a.inner) * sizeof(T)) & 15);
+        return *reinterpret_cast<const V*>(tile_raw + j * pitch + off + lane * int(sizeof(T)));
+      }
+      return tile_buf[j * tx + lane];
+    };
+    if constexpr (kGranules) {
+      __syncthreads();  // the previous tile's granules may still be read by other threads
+      const uintptr_t run = uintptr_t(min(cols, a.inner - col0)) * sizeof(T);  // bytes of each channel's run
+      const int per_row = pitch / 16, total = int(a.n) * per_row;
+      for (int g = threadIdx.x; g < total; g += blockDim.x) {
+        const int j = g / per_row, k = g - j * per_row;
+        const uintptr_t start = reinterpret_cast<uintptr_t>(xt + int64_t(j) * a.inner);
+        const uintptr_t src = (start & ~uintptr_t(15)) + uintptr_t(16) * k;
+        if (src < start + run) cp_async<16, false>(tile_raw + int64_t(j) * pitch + 16 * k, reinterpret_cast<const void*>(src));
+      }
+    } else if (active) {
+      for (int64_t j = ty; j < a.n; j += tyn) {
+        cp_async<int(sizeof(V)), false>(tile_buf + j * tx + lane, reinterpret_cast<const V*>(xo + j * a.inner));
       }
     }
     A shift[VEC];  // channel 0 of each column, shared by all threads of the column
     V first;
     if (active && !rms) first = *reinterpret_cast<const V*>(xo);
     cp_async_wait_all();
+    if constexpr (kGranules) __syncthreads();  // every thread's granules landed
     A sum[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
@@ -136,7 +163,7 @@ __global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, 
     }
     if (active) {
       for (int64_t j = ty; j < a.n; j += tyn) {
-        const V r = tile_buf[j * tx + lane];
+        const V r = cached(j);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const A v = to_acc(r.v[e]) - shift[e];
@@ -157,7 +184,7 @@ __global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, 
       for (int e = 0; e < VEC; ++e) mean_d[e] = sum[e] * inv_n, m2[e] = A(0);
       if (active) {
         for (int64_t j = ty; j < a.n; j += tyn) {
-          const V r = tile_buf[j * tx + lane];
+          const V r = cached(j);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             const A d = (to_acc(r.v[e]) - shift[e]) - mean_d[e];
@@ -171,9 +198,9 @@ __global__ void __launch_bounds__(256) strided_tile_kernel(StridedArgs<T, W> a, 
     }
     if (!active) continue;
     for (int64_t j = ty; j < a.n; j += tyn) {
-      const V r = tile_buf[j * tx + lane];
-      const A wj = a.w ? A(to_acc(a.w[j])) : A(1);
-      const A bj = a.b ? A(to_acc(a.b[j])) : A(0);
+      const V r = cached(j);
+      const A wj = w_sh ? w_sh[j] : a.w ? A(to_acc(a.w[j])) : A(1);
+      const A bj = w_sh ? w_sh[a.n + j] : a.b ? A(to_acc(a.b[j])) : A(0);
       A out[VEC];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) out[e] = normalized(A(to_acc(r.v[e])), st[e]) * wj + bj;
@@ -404,8 +431,15 @@ static inline const char* launch_strided(const NormParams& p, cudaStream_t strea
   const int64_t sums_bytes = (int64_t(threads + kTileLanes) * VEC * sizeof(A) + 15) / 16 * 16;
   const int64_t budget = p.n <= kWideTileChannels ? kWideTileBytes : kTileBytes;
   int tile_tx = int(std::min<int64_t>(lanes, kTileLanes));
-  while (tile_tx > 4 && sums_bytes + p.n * tile_tx * int64_t(sizeof(V)) > budget) tile_tx /= 2;
-  const bool tiled = sums_bytes + p.n * tile_tx * int64_t(sizeof(V)) <= budget;
+  const auto row_bytes = [&](int t) { return tile_row_bytes(t, sizeof(V)); };
+  // Weight and bias in shared memory where they fit kTileParamsBytes; FASTNORM_CHANNEL_PARAMS_SMEM=0 (read at each
+  // call, for A/B runs): loaded from global memory at each output.
+  const int64_t params_want = (2 * p.n * int64_t(sizeof(A)) + 15) / 16 * 16;
+  const int64_t params_bytes =
+      params_want <= kTileParamsBytes && env_int("FASTNORM_CHANNEL_PARAMS_SMEM", 1) != 0 ? params_want : 0;
+  const int64_t fixed_bytes = sums_bytes + params_bytes;
+  while (tile_tx > 4 && fixed_bytes + p.n * row_bytes(tile_tx) > budget) tile_tx /= 2;
+  const bool tiled = fixed_bytes + p.n * row_bytes(tile_tx) <= budget;
   const auto tiles_of = [&](int t) { return p.outer * ((p.inner + int64_t(t) * VEC - 1) / (int64_t(t) * VEC)); };
   if (tiled) {
     // Fewer tiles than two an SM (few outer indices, small planes, many channels): narrower tiles, down
@@ -426,8 +460,8 @@ static inline const char* launch_strided(const NormParams& p, cudaStream_t strea
   if (tiled) {
     static bool smem_allowed = false;
     if (!smem_allowed) allow_smem(strided_tile_kernel<T, W, VEC>), smem_allowed = true;
-    const size_t smem = size_t(sums_bytes + p.n * tx * int64_t(sizeof(V)));
-    strided_tile_kernel<T, W, VEC><<<grid, threads, smem, stream>>>(a, sums_bytes);
+    const size_t smem = size_t(fixed_bytes + p.n * row_bytes(tx));
+    strided_tile_kernel<T, W, VEC><<<grid, threads, smem, stream>>>(a, sums_bytes, params_bytes, int(row_bytes(tx)));
   } else {
     strided_norm_kernel<T, W, VEC><<<grid, threads, size_t(red_bytes), stream>>>(a);
   }
