@@ -164,6 +164,54 @@ def test_strided_rows(n, dtype, layout, rows, k, monkeypatch):
         check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [256, 257, 1025, 2048, 4097, 8192, 12001])
+@pytest.mark.parametrize("layout", ["contiguous", "shifted", "padded"])
+@pytest.mark.parametrize("k", ["1", "2", "4", "planned"])
+def test_granule_rows(n, dtype, layout, k, monkeypatch):
+    """The granule-row kernel (a block a row, each thread 1, 2 or 4 16-byte granules of x's grid, the output in
+    y's grid), forced (FASTNORM_GRANULE_ROWS=1) on 300 rows, or as planned on 1200 (8+ an SM: not latency-bound;
+    it takes float16 rows of 1025+, the others of 2048+, up to 24 KB, and leaves the others to other kernels): contiguous
+    rows of odd n (one element into their storage where n is a multiple of 8), x shifted one element (x's rows
+    and y's at other offsets) and padded rows (stride n + 5); weight and bias, none, bias alone, float32 weights
+    for the half types; float32 LayerNorm also at x + 1000; the statistics a training forward saves (gradients
+    against float64)."""
+    if k != "planned":
+        monkeypatch.setenv("FASTNORM_GRANULE_ROWS", "1")
+        monkeypatch.setenv("FASTNORM_GRANULE_ROW_K", k)
+    rows = 300 if k != "planned" else 1200
+    offset = 0 if layout == "padded" else 1 if layout == "shifted" or n % 8 == 0 else 0
+    stride = n + 5 if layout == "padded" else n
+    base = make((rows * stride + offset + 5,), dtype, "randn", seed=n + (int(k) if k != "planned" else 9))
+    x = base[offset:offset + rows * stride].view(rows, stride)[:, :n]
+    w, b = params((n,), dtype, True, n)
+    if k == "planned":
+        names = kernels_of(lambda: run_op(x, 1, 2, w, b, 1e-5, False))
+        takes = n >= (1025 if dtype == torch.float16 else 2048) and n * x.element_size() <= 24 * 1024
+        assert any("granule_rows_kernel" in name for name in names) == takes, names
+    cases = [(w, b), (None, None), (None, b)] + ([(w.float(), b.float())] if dtype != torch.float32 else [])
+    for w_, b_ in cases:
+        for rms in (False, True):
+            if rms and w_ is None and b_ is not None:
+                continue
+            out = run_op(x, 1, 2, w_, None if rms else b_, 1e-5, rms)
+            check(out, reference(x, 1, 2, w_, None if rms else b_, 1e-5, rms), dtype, x)
+    if dtype == torch.float32:
+        x1000 = (base + 1000.0)[offset:offset + rows * stride].view(rows, stride)[:, :n]
+        check(run_op(x1000, 1, 2, w, b, 1e-5, False), reference(x1000, 1, 2, w, b), dtype, x1000)
+    xg = x.detach().clone().requires_grad_(True)  # (contiguous: the saved statistics of an aligned copy)
+    xv = x.detach().requires_grad_(True)  # the view itself
+    dy = make((rows, n), dtype, "randn", seed=3)
+    for xin in (xg, xv):
+        out = fastnorm.layer_norm(xin, (n,), w, b, 1e-5)
+        (gx,) = torch.autograd.grad(out, xin, dy)
+        xd = xin.detach().double().requires_grad_(True)
+        (gd,) = torch.autograd.grad(F.layer_norm(xd, (n,), w.double(), b.double(), 1e-5), xd, dy.double())
+        scale = gd.abs().max().item()
+        grad_tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 4e-2}[dtype]  # as test_backward.py
+        assert (gx.double() - gd).abs().max().item() <= grad_tol * scale
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("fused", ["1", "0"])

@@ -102,6 +102,20 @@ def _sanitize_offset_rows(ext, dtype):
             torch.ops.fastnorm.layer_norm_train(x, 1, 2, wb, wb, 1e-5)
         os.environ.pop("FASTNORM_STRIDED_ROWS", None)
         os.environ.pop("FASTNORM_STRIDED_ROW_K", None)
+    # Granule rows (forced; 2- and 4-byte rows of 256+): 1, 2 and 4 granules a thread, x shifted (the last row's
+    # last granule at the end of the allocation), odd n, parameter cases, a training forward.
+    if dtype != torch.float64:
+        os.environ["FASTNORM_GRANULE_ROWS"] = "1"
+        for rows, n, offset, k in [(300, 257, 1, "1"), (200, 4095, 3, "2"), (150, 4097, 1, "4"), (140, 1024, 1, "2")]:
+            os.environ["FASTNORM_GRANULE_ROW_K"] = k
+            x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
+            wb = torch.rand(n, device="cuda", dtype=dtype)
+            fastnorm.layer_norm(x, (n,), wb, wb)
+            fastnorm.layer_norm(x, (n,), None, wb)
+            fastnorm.rms_norm(x, (n,), wb)
+            torch.ops.fastnorm.layer_norm_train(x, 1, 2, wb, wb, 1e-5)
+        os.environ.pop("FASTNORM_GRANULE_ROWS", None)
+        os.environ.pop("FASTNORM_GRANULE_ROW_K", None)
     # Rows of 32-48 on lane groups of the warp-row kernel (8 or 16 lanes a row), the last row at the end of
     # the allocation, the last warp's rows partial; 49 on a warp.
     for n in (32, 37, 48, 49):

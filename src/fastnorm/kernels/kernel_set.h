@@ -15,7 +15,7 @@
 // Kernel families of norm_forward (planner.cuh); the CPU kernels have ROW and CHANNEL only.
 #define FASTNORM_WANT_ROW        // last-dim rows: row_kernel.cuh, norm_cpu.cpp forward_rows
 #define FASTNORM_WANT_FEW_ROWS   // few_rows_kernel.cuh
-#define FASTNORM_WANT_OFFSET_ROWS  // offset_rows_kernel.cuh (scalar rows of 1-16377 elements, bfloat16 32761: a group of threads or a thread a row), strided_rows_kernel.cuh (scalar rows of 1025-16384, a block a row), packed_rows_kernel.cuh (rows of 2-16 bytes, whole rows in a vector)
+#define FASTNORM_WANT_OFFSET_ROWS  // offset_rows_kernel.cuh (scalar rows of 1-16377 elements, bfloat16 32761: a group of threads or a thread a row), strided_rows_kernel.cuh (scalar rows of 1025-16384, a block a row), granule_rows_kernel.cuh (scalar 2- and 4-byte rows of 1025 or 2048 elements up to 24 KB, a block a row, 16-byte granules), packed_rows_kernel.cuh (rows of 2-16 bytes, whole rows in a vector)
 #define FASTNORM_WANT_SPLIT      // split_kernels.cuh split_slice_kernel (slices cached in shared memory)
 #define FASTNORM_WANT_SPLIT_UNCACHED  // split_kernels.cuh split_row_norm_kernel (too many slices to cache)
 #define FASTNORM_WANT_CLUSTER    // cluster_kernel.cuh

@@ -12,6 +12,8 @@
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
 //                       at most 1024 vectors, fewer rows than SMs or      few_rows (few_rows_kernel.cuh)
 //                       (inference) one wave of blocks
+//                       scalar 2- and 4-byte rows (odd n, misaligned) of  granule_rows (granule_rows_kernel.cuh,
+//                       2048 (float16 1025) to 24 KB, not latency-bound   the offset-row family)
 //                       scalar rows (odd n, misaligned) of 1025-16384     strided_rows (strided_rows_kernel.cuh,
 //                       in latency-bound calls, or float16 in large ones  the offset-row family)
 //                       (not float64)
@@ -58,6 +60,7 @@
 #include "offset_rows_kernel.cuh"
 #include "packed_rows_kernel.cuh"
 #include "strided_rows_kernel.cuh"
+#include "granule_rows_kernel.cuh"
 
 namespace fastnorm {
 
@@ -315,6 +318,8 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
 #ifdef FASTNORM_WANT_OFFSET_ROWS
   if (packed_rows_take(p)) return launch_packed_rows<T, W>(p, stream);
   if constexpr (sizeof(T) < 8) {
+    const GranulePlan granule = granule_rows_plan(p, VEC);
+    if (granule.k > 0) return launch_granule_rows<T, W>(p, granule, stream);
     const StridedPlan strided = strided_rows_plan(p, VEC);
     if (strided.k > 0) return launch_strided_rows<T, W>(p, strided, stream);
   }
