@@ -49,9 +49,9 @@ MAX_SMEM = 200 << 10           # cuda_launch.cuh kMaxSmem
 def offset_rows_cover(n: int, dtype: str, param_dtype: str | None = None) -> bool:
     """offset_rows_kernel.cuh offset_rows_take for contiguous rows (32 and more; thread_rows_take, the same
     family, has 1-31, strided_rows_plan some of 1025-16384 and granule_rows_plan some of 1025-12288, all inside
-    this cover): the 16-byte chunks a row of n can touch fit
-    512 threads of 4 chunks each (n up to 8189 float32, 16377 2-byte types, 4095 float64), or of 8 (bfloat16
-    only) where the weight and bias of those chunks fit shared memory."""
+    this cover): the 16-byte chunks a row of n can touch fit 512 threads of 4 chunks each (n up to 8189
+    float32, 16377 2-byte types, 4095 float64), or of 8 (bfloat16 only) where the weight and bias of those
+    chunks fit shared memory."""
     elem = elem_size(dtype)
     vec = 16 // elem
     chunks = (n + 2 * vec - 2) // vec
