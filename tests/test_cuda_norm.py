@@ -130,6 +130,47 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
         check(run_op(x, 1, 2, None, None, 1e-5, False), reference(x, 1, 2), dtype, x)
 
 
+def scalar_rows(rows, n, dtype, layout, seed):
+    """rows x n scalar rows (VEC 1) as the row-kernel tests lay them out: contiguous rows of odd n (one element into
+    their storage where n is a multiple of 8), x shifted one element (x's rows and y's at other offsets) or padded
+    rows (stride n + 5); and `far(x)`, the same rows of x + 1000."""
+    offset = 0 if layout == "padded" else 1 if layout == "shifted" or n % 8 == 0 else 0
+    stride = n + 5 if layout == "padded" else n
+    base = make((rows * stride + offset + 5,), dtype, "randn", seed=seed)
+    def view(t):
+        return t[offset:offset + rows * stride].view(rows, stride)[:, :n]
+    return view(base), lambda: view(base + 1000.0)
+
+
+def check_parameter_cases(x, far, n, dtype, w, b):
+    """x's LayerNorm and RMSNorm with weight and bias, none, bias alone and float32 weights for the half types;
+    float32 LayerNorm also far from zero."""
+    cases = [(w, b), (None, None), (None, b)] + ([(w.float(), b.float())] if dtype != torch.float32 else [])
+    for w_, b_ in cases:
+        for rms in (False, True):
+            if rms and w_ is None and b_ is not None:
+                continue
+            out = run_op(x, 1, 2, w_, None if rms else b_, 1e-5, rms)
+            check(out, reference(x, 1, 2, w_, None if rms else b_, 1e-5, rms), dtype, x)
+    if dtype == torch.float32:
+        x1000 = far()
+        check(run_op(x1000, 1, 2, w, b, 1e-5, False), reference(x1000, 1, 2, w, b), dtype, x1000)
+
+
+def check_saved_statistics(x, n, dtype, w, b):
+    """A training forward of x (the view itself, and an aligned copy) saves the statistics its backward reads:
+    gradients against float64."""
+    dy = make(tuple(x.shape), dtype, "randn", seed=3)
+    for xin in (x.detach().clone().requires_grad_(True), x.detach().requires_grad_(True)):
+        out = fastnorm.layer_norm(xin, (n,), w, b, 1e-5)
+        (gx,) = torch.autograd.grad(out, xin, dy)
+        xd = xin.detach().double().requires_grad_(True)
+        (gd,) = torch.autograd.grad(F.layer_norm(xd, (n,), w.double(), b.double(), 1e-5), xd, dy.double())
+        scale = gd.abs().max().item()
+        grad_tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 4e-2}[dtype]  # as test_backward.py
+        assert (gx.double() - gd).abs().max().item() <= grad_tol * scale
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1025, 1429, 2048, 2049, 4097, 8192, 8193, 12001, 16384])
 @pytest.mark.parametrize("layout", ["contiguous", "shifted", "padded"])
@@ -139,29 +180,15 @@ def test_strided_rows(n, dtype, layout, rows, k, monkeypatch):
     """The strided-row kernel (scalar rows of 1025-16384, a block a row, element j in thread j % B), forced
     (FASTNORM_STRIDED_ROWS=1), each of its instances: 1200 rows (8+ an SM) take 16 elements a thread on up to
     512 threads for rows of up to 8192, 16 on 1024 past that; 600 rows 8 on up to 1024 threads up to 4096 (a
-    latency-bound call), 40 rows (fewer than SMs) up to 8192. Contiguous rows of odd n (those of a 16-byte
-    boundary, 2048, 8192 and 16384, one element into their storage), x shifted one element (every row's offset
-    other than y's) and padded rows (stride n + 5); weight and bias, none, bias alone, float32 weights for the
-    half types; float32 LayerNorm also at x + 1000. FASTNORM_STRIDED_ROW_K (A/B switches): =8, 8 elements a
-    thread on up to 512 threads for rows of up to 4096 in 1200 rows; =16, 16 a thread in every call."""
+    latency-bound call), 40 rows (fewer than SMs) up to 8192; on scalar_rows' layouts and every parameter case.
+    FASTNORM_STRIDED_ROW_K (A/B switches): =8, 8 elements a thread on up to 512 threads for rows of up to 4096
+    in 1200 rows; =16, 16 a thread in every call."""
     monkeypatch.setenv("FASTNORM_STRIDED_ROWS", "1")
     if k != "planned":
         monkeypatch.setenv("FASTNORM_STRIDED_ROW_K", k)
-    offset = 0 if layout == "padded" else 1 if layout == "shifted" or n % 8 == 0 else 0
-    stride = n + 5 if layout == "padded" else n
-    base = make((rows * stride + offset + 5,), dtype, "randn", seed=n + rows)
-    x = base[offset:offset + rows * stride].view(rows, stride)[:, :n]
+    x, far = scalar_rows(rows, n, dtype, layout, seed=n + rows)
     w, b = params((n,), dtype, True, n)
-    cases = [(w, b), (None, None), (None, b)] + ([(w.float(), b.float())] if dtype != torch.float32 else [])
-    for w_, b_ in cases:
-        for rms in (False, True):
-            if rms and w_ is None and b_ is not None:
-                continue
-            out = run_op(x, 1, 2, w_, None if rms else b_, 1e-5, rms)
-            check(out, reference(x, 1, 2, w_, None if rms else b_, 1e-5, rms), dtype, x)
-    if dtype == torch.float32:
-        x = (base + 1000.0)[offset:offset + rows * stride].view(rows, stride)[:, :n]
-        check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b), dtype, x)
+    check_parameter_cases(x, far, n, dtype, w, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -171,45 +198,24 @@ def test_strided_rows(n, dtype, layout, rows, k, monkeypatch):
 def test_granule_rows(n, dtype, layout, k, monkeypatch):
     """The granule-row kernel (a block a row, each thread 1, 2 or 4 16-byte granules of x's grid, the output in
     y's grid), forced (FASTNORM_GRANULE_ROWS=1) on 300 rows, or as planned on 1200 (8+ an SM: not latency-bound;
-    it takes float16 rows of 1025+, the others of 2048+, up to 24 KB, and leaves the others to other kernels): contiguous
-    rows of odd n (one element into their storage where n is a multiple of 8), x shifted one element (x's rows
-    and y's at other offsets) and padded rows (stride n + 5); weight and bias, none, bias alone, float32 weights
-    for the half types; float32 LayerNorm also at x + 1000; the statistics a training forward saves (gradients
-    against float64)."""
+    it takes float16 rows of 1025+, the others of 2048+, up to 24 KB, and leaves the others to other kernels), on
+    scalar_rows' layouts, every parameter case and the statistics a training forward saves."""
     if k != "planned":
         monkeypatch.setenv("FASTNORM_GRANULE_ROWS", "1")
         monkeypatch.setenv("FASTNORM_GRANULE_ROW_K", k)
     rows = 300 if k != "planned" else 1200
-    offset = 0 if layout == "padded" else 1 if layout == "shifted" or n % 8 == 0 else 0
-    stride = n + 5 if layout == "padded" else n
-    base = make((rows * stride + offset + 5,), dtype, "randn", seed=n + (int(k) if k != "planned" else 9))
-    x = base[offset:offset + rows * stride].view(rows, stride)[:, :n]
+    x, far = scalar_rows(rows, n, dtype, layout, seed=n + (int(k) if k != "planned" else 9))
     w, b = params((n,), dtype, True, n)
     if k == "planned":
         names = kernels_of(lambda: run_op(x, 1, 2, w, b, 1e-5, False))
-        takes = n >= (1025 if dtype == torch.float16 else 2048) and n * x.element_size() <= 24 * 1024
+        # float32 rows whose x starts at y's offsets in their 16 bytes (y: new, contiguous, its rows r * n apart)
+        # stay on the chunked offset-row kernel
+        elem = x.element_size()
+        shifted = elem != 4 or any((x[r].data_ptr() - r * n * elem) % 16 for r in range(16 // elem))
+        takes = n >= (1025 if dtype == torch.float16 else 2048) and n * elem <= 24 * 1024 and shifted
         assert any("granule_rows_kernel" in name for name in names) == takes, names
-    cases = [(w, b), (None, None), (None, b)] + ([(w.float(), b.float())] if dtype != torch.float32 else [])
-    for w_, b_ in cases:
-        for rms in (False, True):
-            if rms and w_ is None and b_ is not None:
-                continue
-            out = run_op(x, 1, 2, w_, None if rms else b_, 1e-5, rms)
-            check(out, reference(x, 1, 2, w_, None if rms else b_, 1e-5, rms), dtype, x)
-    if dtype == torch.float32:
-        x1000 = (base + 1000.0)[offset:offset + rows * stride].view(rows, stride)[:, :n]
-        check(run_op(x1000, 1, 2, w, b, 1e-5, False), reference(x1000, 1, 2, w, b), dtype, x1000)
-    xg = x.detach().clone().requires_grad_(True)  # (contiguous: the saved statistics of an aligned copy)
-    xv = x.detach().requires_grad_(True)  # the view itself
-    dy = make((rows, n), dtype, "randn", seed=3)
-    for xin in (xg, xv):
-        out = fastnorm.layer_norm(xin, (n,), w, b, 1e-5)
-        (gx,) = torch.autograd.grad(out, xin, dy)
-        xd = xin.detach().double().requires_grad_(True)
-        (gd,) = torch.autograd.grad(F.layer_norm(xd, (n,), w.double(), b.double(), 1e-5), xd, dy.double())
-        scale = gd.abs().max().item()
-        grad_tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 4e-2}[dtype]  # as test_backward.py
-        assert (gx.double() - gd).abs().max().item() <= grad_tol * scale
+    check_parameter_cases(x, far, n, dtype, w, b)
+    check_saved_statistics(x, n, dtype, w, b)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -164,8 +164,7 @@ static inline const char* launch_cluster(const NormParams& p, int g, cudaStream_
   int64_t clusters = cluster_capacity(p, g, smem);
   clusters *= kClusterWaves;
   if (clusters > p.outer) clusters = p.outer;
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, kClusterThreads, p.rms};
+  RowArgs<T, W> a = row_args<T, W>(p, kClusterThreads);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(int(clusters), g, smem, stream, &attr);
   const cudaError_t err = cudaLaunchKernelEx(&cfg, cluster_row_norm_kernel<T, W, VEC>, a, slice_vec);

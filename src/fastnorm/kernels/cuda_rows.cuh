@@ -2,6 +2,7 @@
 // the uncached (RowSlice) and cached (shared-memory) row helpers, a block's slice of a row split over
 // several blocks (BlockSlice), and the per-row barrier through global memory of the split kernels.
 #pragma once
+#include "cuda_launch.cuh"
 #include "cuda_stats.cuh"
 
 namespace fastnorm {
@@ -25,6 +26,25 @@ struct RowArgs {
   int rms;
   void* stats;  // [rows][3] accumulator-type affine maps to save, or null (row, offset-row, thread-row kernels)
 };
+
+// The row kernels' arguments of a call; tpr: threads a row, as the kernel reads it.
+template <typename T, typename W>
+static inline RowArgs<T, W> row_args(const NormParams& p, int tpr) {
+  return {static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
+          static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, tpr, p.rms, p.stats};
+}
+
+// A launch of a grid-striding row kernel whose only argument is the call's RowArgs: `blocks` blocks of
+// `threads`, at most 2^31 - 1.
+template <typename T, typename W>
+static inline const char* launch_row_grid(const void* kernel, const NormParams& p, int tpr, int threads, int64_t blocks,
+                                          cudaStream_t stream) {
+  constexpr int64_t kMaxGrid = (int64_t(1) << 31) - 1;
+  RowArgs<T, W> a = row_args<T, W>(p, tpr);
+  void* args[] = {&a};
+  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < kMaxGrid ? blocks : kMaxGrid)), dim3(threads),
+                                        args, 0, stream));
+}
 
 // Vectors each thread has in flight per batch; 2 where 4 would exceed 64 registers.
 template <typename T> struct UnrollOf { static constexpr int value = 4; };

@@ -87,8 +87,7 @@ static inline bool few_rows_take(const NormParams& p, int vec, int sms) {
 template <typename T, typename W, int VEC>
 static inline const char* launch_few_rows(const NormParams& p, cudaStream_t stream) {
   const int threads = few_rows_threads(p, VEC);
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, threads, p.rms};
+  RowArgs<T, W> a = row_args<T, W>(p, threads);
   if (p.rms) {
     few_rows_kernel<T, W, VEC, true><<<unsigned(p.outer), threads, 0, stream>>>(a);
   } else {

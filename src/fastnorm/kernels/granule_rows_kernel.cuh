@@ -11,6 +11,7 @@
 #pragma once
 #include "cuda_launch.cuh"
 #include "cuda_rows.cuh"
+#include "offset_rows_kernel.cuh"
 #include "strided_rows_kernel.cuh"
 
 namespace fastnorm {
@@ -108,10 +109,12 @@ static inline GranulePlan granule_rows_shape(int64_t n, int elem, int k) {
 // 116.7 -> 88.9, 1762x4744 off3 19.8 -> 14.7, LN 20000x8191 381.5 -> 288.2, RMS fp32 28532x3938 off2 286.4 -> 249.3
 // (252.6), LN fp32 4000x6000 off1 70.3 -> 66.9; LN fp16 100000x1535 level. Left to the others: bf16 rows under 2048
 // (100000x1025 LN 248 against 305, 11231x1997 41 against 48: fewer bytes in flight a thread on small blocks), float32
-// rows of 32 KB (3000x8000 off1 RMS 54.8 against 59.5), rows of 256-1024 (a block a row: fp32 100000x257 RMS 58 against
-// 76 on the warp-row kernel). FASTNORM_GRANULE_ROWS=0 / 1 (read at each call, for tests and A/B runs): never / every
-// call of 256+ elements it can hold, at FASTNORM_GRANULE_ROW_K granules a thread (1, 2 or 4; default 4); set,
-// FASTNORM_STRIDED_ROWS or FASTNORM_OFFSET_ROWS leave the call to the kernel they force.
+// rows of 32 KB (3000x8000 off1 RMS 54.8 against 59.5), float32 rows whose x starts at y's offsets, which the chunked
+// offset-row kernel reads in y's grid with no realignment (18120x5818 padded LN 259.7 against 284.9, session 42's
+// sweeps), rows of 256-1024 (a block a row: fp32 100000x257 RMS 58 against 76 on the warp-row kernel).
+// FASTNORM_GRANULE_ROWS=0 / 1 (read at each call, for tests and A/B runs): never / every call of 256+ elements it can
+// hold, at FASTNORM_GRANULE_ROW_K granules a thread (1, 2 or 4; default 4); set, FASTNORM_STRIDED_ROWS or
+// FASTNORM_OFFSET_ROWS leave the call to the kernel they force.
 constexpr int64_t kGranuleRowMinN = 2048;
 constexpr int64_t kGranuleRowMinNF16 = 1025;
 constexpr int64_t kGranuleRowMaxBytes = 24 << 10;
@@ -126,6 +129,7 @@ static inline GranulePlan granule_rows_plan(const NormParams& p, int vec) {
   if (std::getenv("FASTNORM_STRIDED_ROWS") || std::getenv("FASTNORM_OFFSET_ROWS")) return {0, 0};
   const int64_t min_n = p.dtype == FN_F16 ? kGranuleRowMinNF16 : kGranuleRowMinN;
   if (p.n < min_n || p.n * elem > kGranuleRowMaxBytes || strided_small_call(p.n, p.outer, device_info().sms)) return {0, 0};
+  if (elem == 4 && !offset_rows_shifted(p)) return {0, 0};  // (the chunked offset-row kernel: see above)
   return granule_rows_shape(p.n, elem, k);
 }
 
@@ -134,12 +138,7 @@ static inline const char* launch_granule_rows(const NormParams& p, const Granule
   const void* kernel = g.k == 1   ? reinterpret_cast<const void*>(granule_rows_kernel<T, W, 1>)
                        : g.k == 2 ? reinterpret_cast<const void*>(granule_rows_kernel<T, W, 2>)
                                   : reinterpret_cast<const void*>(granule_rows_kernel<T, W, 4>);
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, g.b, p.rms, p.stats};
-  constexpr int64_t kMaxGrid = (int64_t(1) << 31) - 1;
-  void* args[] = {&a};
-  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(p.outer < kMaxGrid ? p.outer : kMaxGrid)), dim3(g.b),
-                                        args, 0, stream));
+  return launch_row_grid<T, W>(kernel, p, g.b, g.b, p.outer, stream);
 }
 
 }  // namespace fastnorm

@@ -197,8 +197,7 @@ static inline const char* launch_held_rows(const NormParams& p, int64_t chunks, 
   }
   const HeldRowsWorkspace<A> ws = held_rows_workspace<A>(p.workspace, p.outer, chunks);
   clear_chain_counters(ws.counters, p.outer, stream);
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, kHeldRowThreads, p.rms, p.stats};
+  RowArgs<T, W> a = row_args<T, W>(p, kHeldRowThreads);
   held_rows_kernel<T, W, VEC><<<unsigned(p.outer * chunks), kHeldRowThreads, held_rows_smem(), stream>>>(a, chunks, ws);
   return launch_result(cudaGetLastError());
 }

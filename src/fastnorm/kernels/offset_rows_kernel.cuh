@@ -251,6 +251,28 @@ __global__ void __launch_bounds__(kOffsetRowMaxThreads, (kOffsetRowMinBlocks<T, 
 // The warp-row kernel (see the top of the file).
 constexpr int kWarpRowThreads = 256;
 constexpr int kWarpRowMaxK = 32;  // elements a lane holds: rows of up to 32 x 32 = 1024 elements
+// Whether the warp-row kernel of K elements a lane holds the parameters of its columns for all its rows (loaded
+// once a warp): 2-byte rows, and rows of up to 4 elements a lane (several rows a warp at once). Loaded for each row
+// after its statistics, they cost a round trip and 2 loads and conversions an element a row, and the kernel was
+// bound by instruction issue (ncu, bf16 197805x256 at an offset: issue slots 84% busy, ~300 warp instructions a
+// row; torch.compile's Triton kernel 40%). H200, us, against loading them each row (same device, other runs): bf16
+// 197805x256 at an offset RMS 74.1 -> 66.6, 100000x257 LN 55.0 -> 43.7, 100000x33 14.9 -> 13.0, fp16 21309x257 RMS
+// 14.9 -> 12.4, 200000x129 LN 57.0 -> 47.9, fp32 669317x32 at an offset LN 55.8 -> 48.7. Small calls lost half a
+// microsecond (fp16 372x94 LN 4.45 -> 5.06, 11897x56 padded 5.54 -> 6.05): the x loads wait for the parameters'
+// conversions. 4-byte rows of 5+ a lane keep loading them each row: their registers cost occupancy (K = 10: 56
+// registers, 4 blocks of 256 an SM against 6) and large calls lost (fp32 272747x257 RMS 137 -> 159), though small
+// ones gained (4713x257 8.0 -> 7.6).
+template <typename T>
+constexpr bool warp_rows_hoisted(int k) {
+  return sizeof(T) == 2 || k <= 4;
+}
+
+// Waves of resident blocks a call of hoisting instances (launch_warp_rows), then grid-stride: a warp's parameters
+// (loaded once) serve its rows. H200, us, one wave against two / a block for every rows_per_block rows: bf16
+// 3000x513 at an offset 8.10 / 9.22 / 9.22, fp16 21309x257 RMS 12.4 / 13.1 / 15.0, 197805x256 at an offset RMS
+// 66.6 / 67.7 / 86.9, fp32 65536x1000 at an offset LN 156.5 / 157.6 / 200.6; fp16 1000000x64 at an offset, padded
+// LN 135.5 / 130.6 / 146.8.
+constexpr int64_t kWarpRowWaves = 1;
 
 // Elements a lane holds a row (n <= 32 * K), in steps of at most a quarter: K rounded up to a power of two
 // held 16 a lane for rows of 257 (9 used), 63 registers, 4 blocks an SM (bf16 100000x257 LN 64.7 us,
@@ -288,6 +310,18 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
   const A inv_n = A(1) / A(n);
   const bool rms = a.rms;
   const int64_t step = int64_t(gridDim.x) * warps_per_block * R * G;
+  // kHoist (warp_rows_hoisted): the parameters of the lane's columns loaded and converted once for all the rows
+  // the warp takes, else loaded for each row after its statistics.
+  constexpr bool kHoist = warp_rows_hoisted<T>(K);
+  A wv[kHoist ? K : 1], bv[kHoist ? K : 1];
+  if constexpr (kHoist) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int j = sub + L * k < n ? sub + L * k : n - 1;
+      wv[k] = a.w ? A(to_acc(a.w[j])) : A(1);
+      bv[k] = a.b ? A(to_acc(a.b[j])) : A(0);
+    }
+  }
   // The loop runs by the warp's first row, so that every lane of the warp takes each shuffle.
   for (int64_t warp_first = (int64_t(blockIdx.x) * warps_per_block + (threadIdx.x >> 5)) * R * G; warp_first < a.rows;
        warp_first += step) {
@@ -311,19 +345,6 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
         } else {
           raw[r][k] = active && j < n ? xr[j] : from_acc<T>(A(0));
         }
-      }
-    }
-    // Rows of 1, 3 or 4 elements a lane: their parameters too, so that no load waits behind the stores
-    // (fp32 300000x95 LN 87.7 -> 84.3 us); at 2 elements (4 rows at once) the registers cost more than
-    // that gains (fp32 394263x58 LN 72.2 against 76.5, fp16 1000000x64 137 against 148).
-    constexpr bool kEarlyParams = K == 1 || K == 3 || K == 4;
-    W w_raw[kEarlyParams ? K : 1], b_raw[kEarlyParams ? K : 1];
-    if constexpr (kEarlyParams) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const int j = sub + L * k < n ? sub + L * k : n - 1;
-        if (a.w) w_raw[k] = a.w[j];
-        if (a.b) b_raw[k] = a.b[j];
       }
     }
     A v[R][K];
@@ -368,21 +389,27 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
         if (first + r * G < a.rows) save_affine(a.stats, first + r * G, st[r]);
       }
     }
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int j = sub + L * k;
-      if (j >= n) continue;
-      A wv = A(1), bv = A(0);  // a column's parameters serve the R rows
-      if constexpr (kEarlyParams) {
-        if (a.w) wv = A(to_acc(w_raw[k]));
-        if (a.b) bv = A(to_acc(b_raw[k]));
-      } else {
-        if (a.w) wv = A(to_acc(a.w[j]));
-        if (a.b) bv = A(to_acc(a.b[j]));
-      }
+    if constexpr (kHoist) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        if (first + r * G < a.rows) a.y[(first + r * G) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k], st[r]), wv, bv));
+        if (first + r * G >= a.rows) continue;
+        T* yr = a.y + (first + r * G) * int64_t(n);
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          const int j = sub + L * k;
+          if (j < n) yr[j] = from_acc<T>(fma(normalized(v[r][k], st[r]), wv[k], bv[k]));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const int j = sub + L * k;
+        if (j >= n) continue;
+        const A w = a.w ? A(to_acc(a.w[j])) : A(1), b = a.b ? A(to_acc(a.b[j])) : A(0);  // serve the R rows
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (first + r * G < a.rows) a.y[(first + r * G) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k], st[r]), w, b));
+        }
       }
     }
   }
@@ -474,8 +501,7 @@ static inline const void* thread_rows_kernel_of(int64_t n, bool early) {
 
 template <typename T, typename W>
 static inline const char* launch_thread_rows(const NormParams& p, cudaStream_t stream) {
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 1, p.rms, p.stats};
+  RowArgs<T, W> a = row_args<T, W>(p, 1);
   const int64_t blocks = (p.outer + kThreadRowThreads - 1) / kThreadRowThreads;
   const int sms = device_info().sms;
   const int64_t cap = int64_t(sms) * 64;  // a few waves of resident blocks, then grid-stride
@@ -603,8 +629,7 @@ static inline const char* launch_offset_rows(const NormParams& p, cudaStream_t s
       tpr = t, k /= 2;
     }
   }
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, tpr, p.rms, p.stats};
+  RowArgs<T, W> a = row_args<T, W>(p, tpr);
   const int threads = tpr > kOffsetRowBlock ? tpr : kOffsetRowBlock;
   const bool shifted = offset_rows_shifted(p);
   // FASTNORM_OFFSET_ROW_VEC_PARAMS=0 (read at each call, for A/B runs): gather element by element.
@@ -654,8 +679,7 @@ static inline const void* warp_rows_kernel_of(int k, int lanes) {
 
 template <typename T, typename W>
 static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t stream) {
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, 32, p.rms, p.stats};
+  RowArgs<T, W> a = row_args<T, W>(p, 32);
   // Lanes a row (warp_row_lanes, or FASTNORM_WARP_ROW_LANES where an instance has them), and elements a lane.
   int lanes = int(env_int("FASTNORM_WARP_ROW_LANES", 0));
   if (lanes != 8 && lanes != 16) lanes = lanes == 32 ? 32 : warp_row_lanes(p.n);
@@ -667,10 +691,12 @@ static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t str
   const int k = warp_rows_k(p.n, lanes);
   const int64_t rows_per_block = int64_t(kWarpRowThreads / 32) * warp_rows_at_once(k) * (32 / lanes);
   const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
-  // Several rows a warp at once (K <= 4): a few waves of resident blocks, then grid-stride. Otherwise a
-  // block for every 8 rows: fp32 272747x257 RMS 211.3 us capped, 194.8 not (669317x32 LN, 8 rows a warp:
-  // 77.6 capped, 80.5 not; H100).
-  const int64_t cap = k <= 4 ? int64_t(device_info().sms) * 32 : blocks;
+  // Hoisting instances: kWarpRowWaves waves of resident blocks, then grid-stride, so that a warp's parameters
+  // serve several rows; the others a block for every rows_per_block rows (fp32 272747x257 RMS 211.3 us at 4
+  // waves, 194.8 not; H100). FASTNORM_WARP_ROW_WAVES (read at each call, for A/B runs): waves of resident
+  // blocks; 0, a block for every rows_per_block rows.
+  const int64_t waves = env_int("FASTNORM_WARP_ROW_WAVES", warp_rows_hoisted<T>(k) ? kWarpRowWaves : 0);
+  const int64_t cap = waves > 0 ? int64_t(device_info().sms) * blocks_per_sm(kernel, kWarpRowThreads, 0) * waves : blocks;
   void* args[] = {&a};
   return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kWarpRowThreads),
                                         args, 0, stream));

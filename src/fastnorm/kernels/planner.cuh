@@ -330,8 +330,7 @@ static inline const char* launch_rows(const NormParams& p, cudaStream_t stream) 
   const RowPlan plan = plan_rows<T, W, VEC>(p);
   if (plan.g == 0) return FASTNORM_NOT_BUILT;
   if (p.stats && plan.g != 1) return FASTNORM_STATS_NOT_SAVED;
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, plan.tpr, p.rms, p.stats};
+  RowArgs<T, W> a = row_args<T, W>(p, plan.tpr);
   if (plan.grid == 0) return nullptr;
   if (plan.g == 1) {
 #ifdef FASTNORM_WANT_ROW

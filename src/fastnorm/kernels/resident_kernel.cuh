@@ -367,8 +367,7 @@ static inline const char* launch_resident(const NormParams& p, const ResidentPla
   const Device dev = device_info();
   if (p.workspace == nullptr || p.workspace_bytes < grid_rows_workspace(dev.sms)) return "resident-rows workspace missing or too small";
   SplitWorkspace ws{static_cast<unsigned int*>(p.workspace), static_cast<unsigned char*>(p.workspace) + kResidentHeader};
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, kResidentThreads, p.rms};
+  RowArgs<T, W> a = row_args<T, W>(p, kResidentThreads);
   int slots = plan.smem_slots, prefetch = plan.prefetch;
   void* args[] = {&a, &slots, &prefetch, &ws};
   const unsigned grid = unsigned(dev.sms / plan.groups * plan.groups);

@@ -105,8 +105,7 @@ template <typename T, typename H, typename W, int VEC, int K>
 static inline const char* launch_residual_k(const NormParams& p, int tpr, cudaStream_t stream) {
   const int threads = tpr > 256 ? tpr : 256;
   const int64_t rows_per_block = threads / tpr, blocks = (p.outer + rows_per_block - 1) / rows_per_block;
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, tpr, p.rms};
+  RowArgs<T, W> a = row_args<T, W>(p, tpr);
   residual_row_kernel<T, H, W, VEC, K><<<unsigned(blocks), threads, 0, stream>>>(
       a, static_cast<const H*>(p.residual), static_cast<H*>(p.h));
   return launch_result(cudaGetLastError());

@@ -182,12 +182,7 @@ static inline const char* launch_strided_rows(const NormParams& p, const Strided
       : s.k == kStridedRowMaxK ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, kStridedRowMaxK, 0, 512, 2>)
       : s.small                ? reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 1024, 1>)
                                : reinterpret_cast<const void*>(strided_rows_kernel<T, W, 8, 0, 512, kStridedMinBlocks8<T>>);
-  RowArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                  static_cast<const W*>(p.bias), p.outer, p.n, p.x_outer_stride, p.eps, s.b, p.rms, p.stats};
-  constexpr int64_t kMaxGrid = (int64_t(1) << 31) - 1;
-  void* args[] = {&a};
-  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(p.outer < kMaxGrid ? p.outer : kMaxGrid)), dim3(s.b),
-                                        args, 0, stream));
+  return launch_row_grid<T, W>(kernel, p, s.b, s.b, p.outer, stream);
 }
 
 }  // namespace fastnorm
