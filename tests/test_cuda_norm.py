@@ -133,7 +133,7 @@ def test_misaligned_rows_of_any_length(n, dtype, rms, kernel, rows, monkeypatch)
 def scalar_rows(rows, n, dtype, layout, seed):
     """rows x n scalar rows (VEC 1) as the row-kernel tests lay them out: contiguous rows of odd n (one element into
     their storage where n is a multiple of 8), x shifted one element (x's rows and y's at other offsets) or padded
-    rows (stride n + 5); and `far(x)`, the same rows of x + 1000."""
+    rows (stride n + 5); and far(), which makes the same rows of x + 1000."""
     offset = 0 if layout == "padded" else 1 if layout == "shifted" or n % 8 == 0 else 0
     stride = n + 5 if layout == "padded" else n
     base = make((rows * stride + offset + 5,), dtype, "randn", seed=seed)
