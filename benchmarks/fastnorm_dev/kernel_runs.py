@@ -76,6 +76,25 @@ def _sanitize_long_rows(ext, dtype):
         del big, wb
 
 
+def _forced_shifted_rows(dtype, switch, k_switch, rms_weight, cases):
+    """One row kernel forced (`switch`=1) on rows x shifted `offset` elements into their storage (the last row at
+    the end of the allocation), `k_switch`=k each case: LayerNorm with weight and bias and with bias alone, RMSNorm
+    (weighted or not), a training forward (saves statistics)."""
+    import fastnorm
+
+    os.environ[switch] = "1"
+    for rows, n, offset, k in cases:
+        os.environ[k_switch] = k
+        x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
+        wb = torch.rand(n, device="cuda", dtype=dtype)
+        fastnorm.layer_norm(x, (n,), wb, wb)
+        fastnorm.layer_norm(x, (n,), None, wb)
+        fastnorm.rms_norm(x, (n,), wb if rms_weight else None)
+        torch.ops.fastnorm.layer_norm_train(x, 1, 2, wb, wb, 1e-5)
+    os.environ.pop(switch, None)
+    os.environ.pop(k_switch, None)
+
+
 def _sanitize_offset_rows(ext, dtype):
     import fastnorm
 
@@ -90,32 +109,14 @@ def _sanitize_offset_rows(ext, dtype):
     # on up to 512 (1100 rows: 160; 320) and on 1024; x shifted (the last row at the end of the allocation),
     # parameter cases, a training forward (saves statistics).
     if dtype != torch.float64:
-        os.environ["FASTNORM_STRIDED_ROWS"] = "1"
-        for rows, n, offset, k in [(300, 1025, 1, ""), (200, 4095, 3, ""), (1100, 2049, 1, "8"), (1100, 2049, 1, ""),
-                                   (150, 5001, 1, ""), (140, 16384, 1, ""), (700, 8193, 2, "")]:
-            os.environ["FASTNORM_STRIDED_ROW_K"] = k
-            x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
-            wb = torch.rand(n, device="cuda", dtype=dtype)
-            fastnorm.layer_norm(x, (n,), wb, wb)
-            fastnorm.layer_norm(x, (n,), None, wb)
-            fastnorm.rms_norm(x, (n,), None)
-            torch.ops.fastnorm.layer_norm_train(x, 1, 2, wb, wb, 1e-5)
-        os.environ.pop("FASTNORM_STRIDED_ROWS", None)
-        os.environ.pop("FASTNORM_STRIDED_ROW_K", None)
+        _forced_shifted_rows(dtype, "FASTNORM_STRIDED_ROWS", "FASTNORM_STRIDED_ROW_K", rms_weight=False, cases=[
+            (300, 1025, 1, ""), (200, 4095, 3, ""), (1100, 2049, 1, "8"), (1100, 2049, 1, ""), (150, 5001, 1, ""),
+            (140, 16384, 1, ""), (700, 8193, 2, "")])
     # Granule rows (forced; 2- and 4-byte rows of 256+): 1, 2 and 4 granules a thread, x shifted (the last row's
     # last granule at the end of the allocation), odd n, parameter cases, a training forward.
     if dtype != torch.float64:
-        os.environ["FASTNORM_GRANULE_ROWS"] = "1"
-        for rows, n, offset, k in [(300, 257, 1, "1"), (200, 4095, 3, "2"), (150, 4097, 1, "4"), (140, 1024, 1, "2")]:
-            os.environ["FASTNORM_GRANULE_ROW_K"] = k
-            x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
-            wb = torch.rand(n, device="cuda", dtype=dtype)
-            fastnorm.layer_norm(x, (n,), wb, wb)
-            fastnorm.layer_norm(x, (n,), None, wb)
-            fastnorm.rms_norm(x, (n,), wb)
-            torch.ops.fastnorm.layer_norm_train(x, 1, 2, wb, wb, 1e-5)
-        os.environ.pop("FASTNORM_GRANULE_ROWS", None)
-        os.environ.pop("FASTNORM_GRANULE_ROW_K", None)
+        _forced_shifted_rows(dtype, "FASTNORM_GRANULE_ROWS", "FASTNORM_GRANULE_ROW_K", rms_weight=True,
+                             cases=[(300, 257, 1, "1"), (200, 4095, 3, "2"), (150, 4097, 1, "4"), (140, 1024, 1, "2")])
     # Rows of 32-48 on lane groups of the warp-row kernel (8 or 16 lanes a row), the last row at the end of
     # the allocation, the last warp's rows partial; 49 on a warp.
     for n in (32, 37, 48, 49):
