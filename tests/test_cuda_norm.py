@@ -218,6 +218,23 @@ def test_granule_rows(n, dtype, layout, k, monkeypatch):
     check_saved_statistics(x, n, dtype, w, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, n", [(140, 50001), (300, 98305), (150, 65536), (40, 131071), (3, 300001)])
+@pytest.mark.parametrize("layout", ["contiguous", "shifted", "padded"])
+def test_long_scalar_rows(rows, n, dtype, layout, monkeypatch):
+    """Scalar rows past the row kernel's cache (100 KB-1.2 MB): slices of a thread-block cluster (rows of up to 8
+    slices of 64 KB, a block for each SM or more; each slice copied as the 16-byte granules that hold it, 2-byte
+    ones with 2-byte parameters stored in y's grid) or of the split kernel (3 rows, the streamed kernels off;
+    element by element), on scalar_rows' layouts and every parameter case; the kernel asserted."""
+    monkeypatch.setenv("FASTNORM_STREAMED", "0")
+    x, far = scalar_rows(rows, n, dtype, layout, seed=n + rows)
+    w, b = params((n,), dtype, True, n)
+    names = kernels_of(lambda: run_op(x, 1, 2, w, b, 1e-5, False))
+    want = "split_slice_kernel" if rows == 3 else "cluster_row_norm_kernel"
+    assert any(want in name for name in names), names
+    check_parameter_cases(x, far, n, dtype, w, b)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("fused", ["1", "0"])
@@ -225,15 +242,19 @@ def test_granule_rows(n, dtype, layout, k, monkeypatch):
                                    (2, 600000)])
 def test_streamed_rows(shape, dtype, rms, fused, monkeypatch):
     """The streamed kernels (forced) on few rows, aligned and one element into their storage, every
-    parameter case: the finalize step in its own launch (FASTNORM_STREAM_FUSE=0) or in each apply block,
-    the apply kernel sweeping every row (one row; 2 x 600000 but in the 2-byte types' aligned rows) or a
-    block a row's column chunk (the others); float32 and float64 LayerNorm also at x + 1000."""
+    parameter case (float32 parameters of the half types too): the finalize step in its own launch
+    (FASTNORM_STREAM_FUSE=0) or in each apply block, the apply kernel sweeping every row (one row; 2 x 600000 but
+    in the 2-byte types' aligned rows) or a block a row's column chunk (the others); scalar rows (odd n, the
+    shifted views) in 16-byte granules but where the apply blocks sweep several rows; float32 and float64
+    LayerNorm also at x + 1000."""
     monkeypatch.setenv("FASTNORM_STREAMED", "1")
     monkeypatch.setenv("FASTNORM_STREAM_FUSE", fused)
     m, n = shape
     base = make((m, n + 1), dtype, "randn", seed=n)
+    w0, b0 = params((n,), dtype, True, n)
+    cases = [(w0, b0), (None, None)] + ([(w0.float(), b0.float())] if dtype in (torch.float16, torch.bfloat16) else [])
     for x in (base[:, :n].contiguous(), base[:, 1:]):
-        for w, b in [params((n,), dtype, True, n), (None, None)]:
+        for w, b in cases:
             out = run_op(x, 1, 2, w, None if rms else b, 1e-5, rms)
             check(out, reference(x, 1, 2, w, None if rms else b, 1e-5, rms), dtype, x)
         if dtype in (torch.float32, torch.float64) and not rms:
@@ -272,13 +293,29 @@ def test_warp_rows_at_every_width(dtype, rms, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("rows", [1001, 7])
-def test_warp_rows_in_lane_groups(dtype, rms, rows, monkeypatch):
-    """Rows of 32-48 elements take 8 or 16 lanes a row, 4 or 2 rows side by side in a warp, and rows of
-    49-64 a warp each (warp_row_lanes): every width of 32-64, the warp's last rows partial (1001) or fewer
-    rows than one warp takes (7), a view one element in, each parameter case; float32 LayerNorm also at
-    x + 1000."""
+@pytest.mark.parametrize("lanes", ["planned", "8"])
+def test_warp_rows_in_lane_groups(dtype, rms, rows, lanes, monkeypatch):
+    """Rows of 32-48 elements take 8 or 16 lanes a row, 4 or 2 rows side by side in a warp, 2-byte rows of 49-64
+    8 lanes (8 elements a lane) and float32 ones a warp each (warp_row_lanes): every width of 32-64, the warp's
+    last rows partial (1001) or fewer rows than one warp takes (7), a view one element in, each parameter case;
+    float32 LayerNorm also at x + 1000. FASTNORM_WARP_ROW_LANES=8 (A/B switch): 8 lanes a row wherever an
+    instance has them."""
     monkeypatch.setenv("FASTNORM_OFFSET_ROWS", "warp")
+    if lanes != "planned":
+        monkeypatch.setenv("FASTNORM_WARP_ROW_LANES", lanes)
     for n in range(32, 65):
+        check_view_rows(rows=rows, n=n, dtype=dtype, rms=rms, seed=n + rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("k24", ["1", "0"])
+@pytest.mark.parametrize("rows", [1001, 200001])
+def test_thread_rows_of_17_to_24(dtype, rms, k24, rows, monkeypatch):
+    """Rows of 16-25 elements around the thread-row kernel's K = 24 instance (or K = 32, FASTNORM_THREAD_ROW_K24=0),
+    in a small call (parameters loaded first) and a large one, a view one element in, each parameter case."""
+    monkeypatch.setenv("FASTNORM_THREAD_ROW_K24", k24)
+    for n in range(16, 26):
         check_view_rows(rows=rows, n=n, dtype=dtype, rms=rms, seed=n + rows)
 
 

@@ -31,9 +31,9 @@ def _sanitize_rows(ext, dtype):
     import fastnorm
 
     # row kernel (vector, scalar), split, offset rows (chunked: 257; a warp a row: 99), thread rows
-    # (several blocks, a partial last block); the row kernel's count bounds (exactly 4: 3001x1024; at most 4:
+    # (several blocks, a partial last block; K = 24 at 19); the row kernel's count bounds (exactly 4: 3001x1024; at most 4:
     # 1031x3072, 3 a thread; 2: 1001x48 and 2001x64), partial last blocks
-    for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 99), (3000, 7), (1000, 1),
+    for shape in [(5, 33), (7, 1024), (3, 4097), (2, 40000), (300, 257), (3000, 99), (3000, 7), (3000, 19), (1000, 1),
                   (3001, 1024), (1031, 3072), (1001, 48), (2001, 64)]:
         x = torch.randn(shape, device="cuda", dtype=dtype)
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
@@ -44,6 +44,12 @@ def _sanitize_rows(ext, dtype):
         w = torch.rand(shape[-1], device="cuda", dtype=dtype)
         fastnorm.layer_norm(x, shape[-1:], w, w)
         fastnorm.rms_norm(x, shape[-1:], None)
+    # Scalar cluster slices as granules: x shifted against y (its last granule at the end of the allocation),
+    # 2-byte slices stored in y's grid.
+    x = torch.randn(140 * 60001 + 1, device="cuda", dtype=dtype)[1:].view(140, 60001)
+    w = torch.rand(60001, device="cuda", dtype=dtype)
+    fastnorm.layer_norm(x, (60001,), w, w)
+    fastnorm.rms_norm(x, (60001,), w)
     # Thread rows read through shared memory (unpadded, at an offset, a little padding) and from global memory
     # (rows 9 apart with K = 8), a partial last block.
     for rows, n, stride, offset in [(3001, 3, 3, 1), (1000, 7, 8, 0), (1000, 7, 9, 0), (300, 31, 32, 3)]:
@@ -74,6 +80,15 @@ def _sanitize_long_rows(ext, dtype):
         fastnorm.layer_norm(big, big.shape[-1:], wb, wb)
         fastnorm.rms_norm(big, big.shape[-1:], wb)
         del big, wb
+    # Streamed scalar rows: in granules, one odd row (the finalize in its own launch, then merged in the output
+    # blocks) and 3 rows shifted against y (output blocks of a row each); 3 longer ones element by element (output
+    # blocks sweeping the rows).
+    for rows, n, offset in [(1, 2784271, 0), (1, 200001, 0), (3, 100001, 1), (3, 300001, 1)]:
+        x = torch.randn(rows * n + offset, device="cuda", dtype=dtype)[offset:].view(rows, n)
+        wb = torch.rand(n, device="cuda", dtype=dtype)
+        fastnorm.layer_norm(x, (n,), wb, wb)
+        fastnorm.rms_norm(x, (n,), wb)
+        del x, wb
 
 
 def _forced_shifted_rows(dtype, switch, k_switch, rms_weight, cases):

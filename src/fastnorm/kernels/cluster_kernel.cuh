@@ -21,6 +21,11 @@ constexpr int kMaxCluster = 8;        // blocks per cluster, at most (the portab
 // Each block takes the statistics of its slice as the row kernel does a row (plain sums: rough
 // mean, then the corrected two-pass sums), as (count, mean relative to the row's first element, M2);
 // the g partials are merged with Chan's formula.
+// Scalar slices (VEC 1: odd n, misaligned rows) copy the 16-byte granules that hold them, as the row
+// kernel's scalar rows do (cache_row_granules; they loaded an element at a time, 2-byte ones
+// synchronously: fp16 7956x83578 RMS ran at 37% of copy), and 2-byte ones with 2-byte parameters store in
+// y's 16-byte grid (store_granule_row; with float32 parameters it spilled). Their cache takes up to 30 bytes
+// more (cluster_smem).
 template <typename T, typename W, int VEC>
 __global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cluster_row_norm_kernel(
     RowArgs<T, W> a, int64_t slice_vec) {
@@ -40,9 +45,17 @@ __global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cl
   const int t = threadIdx.x, lane = t & 31;
   const bool rms = a.rms;
   int parity = 0;
+  constexpr bool kGridStore = VEC == 1 && sizeof(T) == 2 && sizeof(W) == 2;
   for (int64_t row = first_row; row < a.rows; row += row_step, parity ^= 1) {
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    const Stats<A> s = slice.stats(a, row, shift, sums, buf);
+    if constexpr (VEC == 1) {
+      slice.cache = cache_row_granules(reinterpret_cast<V*>(dyn_smem), a.x + row * a.x_stride + v0, slice.m, t,
+                                       kClusterThreads);
+    } else {
+      cache_own_vectors<false>(slice.cache, reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0, t, slice.sh,
+                               slice.count);
+    }
+    const Stats<A> s = slice.stats(a, shift, sums, buf);
     if (t == 0) partial[parity] = s;
     // Publishes `partial` to the cluster. The next write to this buffer comes two rows later, after
     // the next barrier, which every block passes only once it has read this row's partials.
@@ -57,7 +70,12 @@ __global__ void __launch_bounds__(kClusterThreads, ClusterBlocksOf<T>::value) cl
     }
 #pragma unroll
     for (int off = kMaxCluster / 2; off > 0; off >>= 1) row_stats = merge(row_stats, shfl_xor(row_stats, off), rms);
-    slice.store(a, row, finalize(row_stats, a.n, a.eps, rms, shift));
+    const Affine<A> st = finalize(row_stats, a.n, a.eps, rms, shift);
+    if constexpr (kGridStore) {
+      store_granule_row(slice.cache, a.y + row * a.n + v0, slice.m, slice.w, slice.b, st, rms, t, kClusterThreads);
+    } else {
+      slice.store(a, row, st);
+    }
   }
   cluster_sync();  // no block may exit while another can still read its partials
 #else
@@ -144,9 +162,11 @@ static inline int cluster_capacity(const NormParams& p, int g, size_t smem) {
   return clusters;
 }
 
+static inline int64_t cluster_slice_vec(const NormParams& p, int g, int vec) { return (p.n / vec + g - 1) / g; }
+
 static inline size_t cluster_smem(const NormParams& p, int g, int vec) {
-  const int64_t slice_vec = (p.n / vec + g - 1) / g;
-  return size_t(slice_vec) * size_t(vec) * size_t(elem_size(p.dtype));
+  const int64_t bytes = cluster_slice_vec(p, g, vec) * vec * elem_size(p.dtype);
+  return size_t(vec == 1 ? (bytes + 30 + 15) / 16 * 16 : bytes);  // scalar slices: the granules around them
 }
 
 // Blocks per cluster if this call runs on the cluster kernel, else 0.
@@ -159,7 +179,7 @@ template <typename T, typename W, int VEC>
 static inline const char* launch_cluster(const NormParams& p, int g, cudaStream_t stream) {
   configure_cluster_kernel<T, W, VEC>();
   const size_t smem = cluster_smem(p, g, VEC);
-  const int64_t slice_vec = int64_t(smem / sizeof(Vec<T, VEC>));
+  const int64_t slice_vec = cluster_slice_vec(p, g, VEC);
   // Persistent clusters, each striding over the rows.
   int64_t clusters = cluster_capacity(p, g, smem);
   clusters *= kClusterWaves;

@@ -235,23 +235,26 @@ __device__ __forceinline__ V* cache_row_granules(V* cache, const T* x, int64_t n
   return reinterpret_cast<V*>(reinterpret_cast<char*>(cache) + off);
 }
 
-// The output of a scalar row cached as granules (x0: its element 0 in the cache, cache_row_granules),
-// in y's 16-byte grid: thread t takes y's chunks t, t + tpr, ..., the first and last partly outside
-// the row. An inner chunk reads its x values as the 16 bytes of the cache that hold them (two
-// granules realigned where x's and y's rows start at other offsets in their 16 bytes), its parameters
-// likewise (two 16-byte loads, realigned; parameters of x's size only), and stores 16 bytes: a store
-// for E elements where the element pass took E. Every granule read holds an element of the row, so
-// it lies in the row's allocation. The two edge chunks go element by element.
-template <typename A, typename T, typename W>
-__device__ __forceinline__ void store_granule_row(const Vec<T, 1>* x0v, T* y, int n, const W* w, const W* b,
-                                                  const Affine<A>& st, bool rms, int t, int tpr) {
+// The output of a scalar row, chunks first, first + step, ... (below end; !kEnd: to the last) of the up to n + 1
+// that hold it in y's 16-byte grid, the first and last partly outside the row; x0: the row's element 0 in the
+// row cache (cache_row_granules) or in global memory (the streamed kernels). An inner chunk reads its x values
+// as the 16 bytes that hold them
+// (two granules realigned where x's and y's rows start at other offsets in their 16 bytes), its parameters
+// likewise (two 16-byte loads, realigned; parameters of x's size only), and stores 16 bytes: a store for E
+// elements where the element pass took E. Every granule read holds an element of the row, so it lies in the
+// row's allocation. The two edge chunks go element by element. I: the index type (int64_t for rows of 2^31
+// elements and more). (The chunk count computed after the addresses cost the granule-row kernels registers:
+// float32 K = 4 48 -> 57, 4 blocks of 256 an SM instead of 5, RMS 28532x3938 at an offset 250 -> 271 us.)
+template <typename I, bool kEnd = true, typename A, typename T, typename W>
+__device__ __forceinline__ void store_granule_chunks(const Vec<T, 1>* x0v, T* y, I n, const W* w, const W* b,
+                                                     const Affine<A>& st, bool rms, I first, I end, I step) {
   constexpr int E = 16 / int(sizeof(T));
   constexpr bool kVecParams = sizeof(W) == sizeof(T);
   const T* x0 = reinterpret_cast<const T*>(x0v);
   const int off_y = int(reinterpret_cast<uintptr_t>(y) & 15) / int(sizeof(T));
-  const int chunks = n > 0 ? (off_y + n + E - 1) / E : 0;
-  // Chunk c holds the row's elements c * E - off_y ...: in the cache at xc + 16 c, in the parameters
-  // at wc + 16 c (byte addresses), each read as its two 16-byte granules and realigned.
+  const I chunks = n > 0 ? (I(off_y) + n + E - 1) / E : I(0), stop = kEnd && end < chunks ? end : chunks;
+  // Chunk c holds the row's elements c * E - off_y ...: in x at xc + 16 c, in the parameters at wc + 16 c
+  // (byte addresses), each read as its two 16-byte granules and realigned.
   const uintptr_t xc = reinterpret_cast<uintptr_t>(x0) - uintptr_t(off_y) * sizeof(T);
   const uintptr_t wc = reinterpret_cast<uintptr_t>(w) - uintptr_t(off_y) * sizeof(W);  // (read only where w is given)
   const uintptr_t bc = reinterpret_cast<uintptr_t>(b) - uintptr_t(off_y) * sizeof(W);
@@ -259,9 +262,9 @@ __device__ __forceinline__ void store_granule_row(const Vec<T, 1>* x0v, T* y, in
   const uint4* xg = reinterpret_cast<const uint4*>(xc - sx);
   const uint4* wg = reinterpret_cast<const uint4*>(wc - sw);
   const uint4* bg = reinterpret_cast<const uint4*>(bc - sb);
-  auto granules = [](const uint4* g, int c, int s) { return s ? realigned(g[c], g[c + 1], s) : g[c]; };
-  for (int c = t; c < chunks; c += tpr) {
-    const int i0 = c * E - off_y;
+  auto granules = [](const uint4* g, I c, int s) { return s ? realigned(g[c], g[c + 1], s) : g[c]; };
+  for (I c = first; c < stop; c += step) {
+    const I i0 = c * E - off_y;
     if (i0 >= 0 && i0 + E <= n) {
       const uint4 xr = granules(xg, c, sx);
       A v[E];
@@ -295,7 +298,7 @@ __device__ __forceinline__ void store_granule_row(const Vec<T, 1>* x0v, T* y, in
       store_vec<false>(reinterpret_cast<Vec<T, E>*>(y + i0), pack<T>(v));
     } else {
       for (int e = 0; e < E; ++e) {
-        const int i = i0 + e;
+        const I i = i0 + e;
         if (i < 0 || i >= n) continue;
         A v = A(to_acc(x0[i]));
         v = rms ? v * st.rstd : normalized(v, st);
@@ -305,6 +308,14 @@ __device__ __forceinline__ void store_granule_row(const Vec<T, 1>* x0v, T* y, in
       }
     }
   }
+}
+
+// The output of a scalar row cached as granules (x0: its element 0 in the cache, cache_row_granules), in y's
+// 16-byte grid: thread t takes chunks t, t + tpr, ... (store_granule_chunks).
+template <typename A, typename T, typename W>
+__device__ __forceinline__ void store_granule_row(const Vec<T, 1>* x0v, T* y, int n, const W* w, const W* b,
+                                                  const Affine<A>& st, bool rms, int t, int tpr) {
+  store_granule_chunks<int, false>(x0v, y, n, w, b, st, rms, t, 0, tpr);
 }
 
 // Passes over a thread's cached vectors t + (k << sh), k < count (kK > 0: count is at most kK, exactly
@@ -368,14 +379,14 @@ __device__ __forceinline__ void cached_deviation_sums(const Vec<T, VEC>* cache, 
 
 // A block's fixed column slice [v0, v1) of every row it handles (cluster and split-slice kernels),
 // m vectors, n_b elements; each thread owns vectors t + (k << sh) of it (blockDim a power of two).
-// `stats` copies the slice into shared memory and returns its statistics as (count, mean relative
+// `stats` returns the statistics of the slice its kernel copied into the cache as (count, mean relative
 // to `shift`, M2) from plain sums (a rough mean, then the corrected two-pass sums): the partials the
 // kernels merge with Chan's formula. Its block reductions alternate the two `sums` buffers (see
 // group_sums); `buf` is the next one. `store` normalizes the cached slice and writes it.
 template <typename A, typename T, typename W, int VEC>
 struct BlockSlice {
   using V = Vec<T, VEC>;
-  V* cache;
+  V* cache;  // the slice's element 0 (slices of granules: within the block's shared memory)
   const W *w, *b;  // the slice's columns of weight and bias (null when absent)
   int64_t v0;
   int t, sh, m, count;
@@ -399,9 +410,8 @@ struct BlockSlice {
     if (b) prefetch_l2(b, bytes);
   }
 
-  __device__ __forceinline__ Stats<A> stats(const RowArgs<T, W>& a, int64_t row, A shift, A (*sums)[64], int& buf) {
+  __device__ __forceinline__ Stats<A> stats(const RowArgs<T, W>& a, A shift, A (*sums)[64], int& buf) {
     const bool rms = a.rms;
-    cache_own_vectors<false>(cache, reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0, t, sh, count);
     A total[1] = {rms ? cached_square_sum<A>(cache, t, sh, count) : cached_scaled_sum(cache, t, sh, count, inv_nb)};
     group_sums(total, 1 << sh, sums[buf]);
     buf ^= 1;

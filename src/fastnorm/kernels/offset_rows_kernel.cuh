@@ -292,9 +292,14 @@ constexpr int warp_rows_at_once(int k) { return k >= 8 ? 1 : (8 + k - 1) / k; }
 // 74.3 -> 54.6 us, RMS 60.4 -> 52.5 (torch.compile 44.6); 33-48 on 16 (3 a lane, 6 rows a warp at once
 // instead of 4), bf16 100000x33 LN 18.0 -> 14.9, 300000x48 RMS 35.2 -> 30.3. Rows of 49-64 on 16 lanes
 // (4 a lane: 72 registers, 4 rows at once, as on a warp) lost 4-7% (fp32 394263x58 LN 61.2 -> 63.7, fp16
-// 1000000x64 RMS 106.5 -> 114.5): they keep a warp a row. FASTNORM_WARP_ROW_LANES=8, 16 or 32 (read at
-// each call) forces a group size, for A/B runs.
-static inline int warp_row_lanes(int64_t n) { return n <= 32 ? 8 : n <= 48 ? 16 : 32; }
+// 1000000x64 RMS 106.5 -> 114.5), but 2-byte rows of 49-64 on 8 lanes (8 a lane, parameters held: 72
+// registers) gained (H200, same process, against a warp a row: fp16 1000000x64 at an offset, padded, LN 136.1
+// -> 110.0 us, RMS 101.5 -> 96.5; 200000x56 at an offset LN 31.3 -> 25.3, 11897x56 padded 5.98 -> 5.70; bf16
+// 100000x63 LN 18.0 -> 16.1, 300000x49 at an offset RMS 33.5 -> 30.8); float32 rows of 49-64 keep a warp a row. FASTNORM_WARP_ROW_LANES=8, 16 or 32 (read at each call) forces a group size, for A/B runs.
+constexpr int64_t kWarpRowEightLanesFrom = 49;
+static inline int warp_row_lanes(int64_t n, int elem) {
+  return n <= 32 ? 8 : n <= 48 ? 16 : elem == 2 && n >= kWarpRowEightLanesFrom ? 8 : 32;
+}
 
 // K: elements a lane holds of each of the R row slots it takes at once; L lanes a row (a power of two,
 // at most 32): lane l holds elements l % L, l % L + L, ... of row slot r's row l / L, so a warp takes
@@ -486,16 +491,20 @@ static inline bool thread_rows_take(const NormParams& p, int vec) {
   return vec == 1 && p.n <= kThreadRowMaxN(elem_size(p.dtype)) && p.threads <= 0 && p.blocks_per_row <= 0;
 }
 
+// Elements a thread holds: powers of two, and 24 (rows of 17-24: K = 32 took 80 registers at bf16 1000000x19,
+// 3 blocks of 128 an SM; FASTNORM_THREAD_ROW_K24=0, read at each call, for A/B runs, leaves them to K = 32).
+constexpr int next_thread_row_k(int k) { return k == 16 ? 24 : k == 24 ? 32 : 2 * k; }
+
 template <typename T, typename W, int K>
-static inline const void* thread_rows_kernel_of(int64_t n, bool early) {
-  if constexpr (K / 2 >= kThreadRowMaxN(int(sizeof(T)))) {  // K / 2 already holds every row it takes
+static inline const void* thread_rows_kernel_of(int64_t n, bool early, bool k24) {
+  if (n <= K && (K != 24 || k24)) {
+    return early ? reinterpret_cast<const void*>(thread_rows_kernel<T, W, K, true>)
+                 : reinterpret_cast<const void*>(thread_rows_kernel<T, W, K>);
+  }
+  if constexpr (K >= kThreadRowMaxN(int(sizeof(T)))) {  // K holds every row the kernel takes
     return nullptr;
   } else {
-    if (n <= K) {
-      return early ? reinterpret_cast<const void*>(thread_rows_kernel<T, W, K, true>)
-                   : reinterpret_cast<const void*>(thread_rows_kernel<T, W, K>);
-    }
-    return thread_rows_kernel_of<T, W, K * 2>(n, early);
+    return thread_rows_kernel_of<T, W, next_thread_row_k(K)>(n, early, k24);
   }
 }
 
@@ -510,7 +519,7 @@ static inline const char* launch_thread_rows(const NormParams& p, cudaStream_t s
   // runs: never / always).
   const int64_t forced = env_int("FASTNORM_THREAD_ROW_EARLY", -1);
   const bool early = forced == 1 || (forced != 0 && blocks <= int64_t(sms) * kThreadRowEarlyWaves);
-  const void* kernel = thread_rows_kernel_of<T, W, 1>(p.n, early);
+  const void* kernel = thread_rows_kernel_of<T, W, 1>(p.n, early, env_int("FASTNORM_THREAD_ROW_K24", 1) != 0);
   void* args[] = {&a};
   return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kThreadRowThreads),
                                         args, 0, stream));
@@ -664,8 +673,9 @@ static inline const void* warp_rows_kernel_of(int k, int lanes) {
   } else {
     constexpr int K = kWarpRowKs[I];
     if (k == K) {
-      // warp_row_lanes: rows of 32 on 8 lanes (4 elements a lane), of 33-48 on 16 (3 a lane).
-      if constexpr (K == 4) {
+      // warp_row_lanes: rows of 32 on 8 lanes (4 elements a lane), of 33-48 on 16 (3 a lane), 2-byte ones of 49-64
+      // on 8 (8 a lane).
+      if constexpr (K == 4 || (K == 8 && sizeof(T) == 2)) {
         if (lanes == 8) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K), 8>);
       }
       if constexpr (K == 3) {
@@ -682,7 +692,7 @@ static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t str
   RowArgs<T, W> a = row_args<T, W>(p, 32);
   // Lanes a row (warp_row_lanes, or FASTNORM_WARP_ROW_LANES where an instance has them), and elements a lane.
   int lanes = int(env_int("FASTNORM_WARP_ROW_LANES", 0));
-  if (lanes != 8 && lanes != 16) lanes = lanes == 32 ? 32 : warp_row_lanes(p.n);
+  if (lanes != 8 && lanes != 16) lanes = lanes == 32 ? 32 : warp_row_lanes(p.n, elem_size(p.dtype));
   const void* kernel = warp_rows_kernel_of<T, W>(warp_rows_k(p.n, lanes), lanes);
   if (kernel == nullptr) {
     lanes = 32;

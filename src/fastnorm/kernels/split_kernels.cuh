@@ -81,7 +81,9 @@ __global__ void __launch_bounds__(kMaxRowThreads, ClusterBlocksOf<T>::value) spl
   int buf = 0, wave = 0;
   for (int64_t row = slot; row < a.rows; row += slots, ++wave) {
     const A shift = rms ? A(0) : A(to_acc(a.x[row * a.x_stride]));  // the same in every block of the row
-    const Stats<A> s = slice.stats(a, row, shift, sums, buf);
+    cache_own_vectors<false>(slice.cache, reinterpret_cast<const V*>(a.x + row * a.x_stride) + v0, t, slice.sh,
+                             slice.count);
+    const Stats<A> s = slice.stats(a, shift, sums, buf);
     // The partials of a wave are read before any block arrives at the next wave's counter (the
     // block barriers of its statistics come first), so two buffers, by wave parity, suffice.
     Stats<A>* mine = partials + (size_t(wave & 1) * slots + slot) * g;
