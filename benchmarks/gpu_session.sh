@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install, build (timed), GPU tests, sanitizer (devtool.py sanitize), timings (devtool.py
-# time). Stages: build tests sanitize time (default: all). Logs go to $OUT when set. Run from the repository
-# root; TESTS and TIMING_ARGS override the test files and the timing arguments.
+# time), sweeps. Stages: build tests sanitize time (default: all), and sweep-bf16 / sweep-fp16 / sweep-fp32 (the
+# sweep of that dtype against the committed results/$PREFIX-sweep-<dtype>.json, PREFIX default h200; a sweep takes
+# 130-190 s on an H200 with compile's first calls: at most two a device call). Logs go to $OUT when set. Run from
+# the repository root; TESTS and TIMING_ARGS override the test files and the timing arguments.
 set -uo pipefail
 OUT=${OUT:-/tmp/fastnorm_out}
 mkdir -p "$OUT"
@@ -21,5 +23,10 @@ for stage in $stages; do
       timeout 240 compute-sanitizer --tool memcheck --print-limit 5 python3 benchmarks/devtool.py sanitize 2>&1 | tail -5
       timeout 240 compute-sanitizer --tool racecheck --print-limit 5 python3 benchmarks/devtool.py sanitize 2>&1 | tail -5 ;;
     time) timeout 400 python3 benchmarks/devtool.py time ${TIMING_ARGS:---no-compile} 2>&1 | tee "$OUT/timing.log" ;;
+    sweep-*)
+      d=${stage#sweep-}; name=${PREFIX:-h200}-sweep-$d; base=benchmarks/results/$name.json
+      timeout 250 fastnorm bench --suite sweep --dtype "$d" --json "$OUT/$name.json" --chart "$OUT/$name.png" \
+        $([ -f "$base" ] && echo --baseline "$base") > "$OUT/$name.log" 2>&1
+      echo "rc=$?"; grep -E "^baseline|slower|flagged" "$OUT/$name.log" ;;
   esac
 done
