@@ -295,7 +295,8 @@ constexpr int warp_rows_at_once(int k) { return k >= 8 ? 1 : (8 + k - 1) / k; }
 // 1000000x64 RMS 106.5 -> 114.5), but 2-byte rows of 49-64 on 8 lanes (8 a lane, parameters held: 72
 // registers) gained (H200, same process, against a warp a row: fp16 1000000x64 at an offset, padded, LN 136.1
 // -> 110.0 us, RMS 101.5 -> 96.5; 200000x56 at an offset LN 31.3 -> 25.3, 11897x56 padded 5.98 -> 5.70; bf16
-// 100000x63 LN 18.0 -> 16.1, 300000x49 at an offset RMS 33.5 -> 30.8); float32 rows of 49-64 keep a warp a row. FASTNORM_WARP_ROW_LANES=8, 16 or 32 (read at each call) forces a group size, for A/B runs.
+// 100000x63 LN 18.0 -> 16.1, 300000x49 at an offset RMS 33.5 -> 30.8); float32 rows of 49-64 keep a warp a
+// row. FASTNORM_WARP_ROW_LANES=8, 16 or 32 (read at each call) forces a group size, for A/B runs.
 constexpr int64_t kWarpRowEightLanesFrom = 49;
 static inline int warp_row_lanes(int64_t n, int elem) {
   return n <= 32 ? 8 : n <= 48 ? 16 : elem == 2 && n >= kWarpRowEightLanesFrom ? 8 : 32;
