@@ -511,7 +511,6 @@ static inline const void* thread_rows_kernel_of(int64_t n, bool early, bool k24)
 
 template <typename T, typename W>
 static inline const char* launch_thread_rows(const NormParams& p, cudaStream_t stream) {
-  RowArgs<T, W> a = row_args<T, W>(p, 1);
   const int64_t blocks = (p.outer + kThreadRowThreads - 1) / kThreadRowThreads;
   const int sms = device_info().sms;
   const int64_t cap = int64_t(sms) * 64;  // a few waves of resident blocks, then grid-stride
@@ -521,9 +520,7 @@ static inline const char* launch_thread_rows(const NormParams& p, cudaStream_t s
   const int64_t forced = env_int("FASTNORM_THREAD_ROW_EARLY", -1);
   const bool early = forced == 1 || (forced != 0 && blocks <= int64_t(sms) * kThreadRowEarlyWaves);
   const void* kernel = thread_rows_kernel_of<T, W, 1>(p.n, early, env_int("FASTNORM_THREAD_ROW_K24", 1) != 0);
-  void* args[] = {&a};
-  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kThreadRowThreads),
-                                        args, 0, stream));
+  return launch_row_grid<T, W>(kernel, p, 1, kThreadRowThreads, blocks < cap ? blocks : cap, stream);
 }
 
 // Whether the offset-row kernel takes a last-dim call of VEC-wide accesses: scalar rows (VEC 1) of 32
@@ -690,7 +687,6 @@ static inline const void* warp_rows_kernel_of(int k, int lanes) {
 
 template <typename T, typename W>
 static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t stream) {
-  RowArgs<T, W> a = row_args<T, W>(p, 32);
   // Lanes a row (warp_row_lanes, or FASTNORM_WARP_ROW_LANES where an instance has them), and elements a lane.
   int lanes = int(env_int("FASTNORM_WARP_ROW_LANES", 0));
   if (lanes != 8 && lanes != 16) lanes = lanes == 32 ? 32 : warp_row_lanes(p.n, elem_size(p.dtype));
@@ -708,9 +704,7 @@ static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t str
   // blocks; 0, a block for every rows_per_block rows.
   const int64_t waves = env_int("FASTNORM_WARP_ROW_WAVES", warp_rows_hoisted<T>(k) ? kWarpRowWaves : 0);
   const int64_t cap = waves > 0 ? int64_t(device_info().sms) * blocks_per_sm(kernel, kWarpRowThreads, 0) * waves : blocks;
-  void* args[] = {&a};
-  return launch_result(cudaLaunchKernel(kernel, dim3(unsigned(blocks < cap ? blocks : cap)), dim3(kWarpRowThreads),
-                                        args, 0, stream));
+  return launch_row_grid<T, W>(kernel, p, 32, kWarpRowThreads, blocks < cap ? blocks : cap, stream);
 }
 
 }  // namespace fastnorm

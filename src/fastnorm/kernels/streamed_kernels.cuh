@@ -296,8 +296,7 @@ static inline const char* launch_streamed(const NormParams& p, int sms, cudaStre
     stream_finalize_kernel<T><<<unsigned(p.outer), kStreamThreads, 0, stream>>>(x, p.n, p.x_outer_stride, int(chunks),
                                                                                  p.eps, p.rms, partials, affine);
   }
-  RowArgs<T, W> a{x, static_cast<T*>(p.y), static_cast<const W*>(p.weight), static_cast<const W*>(p.bias),
-                  p.outer, p.n, p.x_outer_stride, p.eps, 0, p.rms};
+  RowArgs<T, W> a = row_args<T, W>(p, 0);  // (no statistics saved: launch_rows answers such calls before)
   if (granules) {
     const int64_t out_chunks = (p.n * int64_t(sizeof(T)) + 15 + 15) / 16;  // y's chunks at its worst offset
     const dim3 rows_grid(unsigned((out_chunks + kStreamThreads - 1) / kStreamThreads), unsigned(p.outer));
