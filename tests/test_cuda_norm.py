@@ -284,10 +284,25 @@ def check_view_rows(rows, n, dtype, rms, seed):
 def test_warp_rows_at_every_width(dtype, rms, monkeypatch):
     """The warp-row kernel (forced) at the limit of each instance (K elements a lane of a row) and one past
     it, on 1001 rows of a view one element in: R rows a warp at once (8 at K = 1 down to 1 from K = 8), the
-    last warp's rows partial; every parameter case; float32 LayerNorm also at x + 1000."""
+    last warp's rows partial; every parameter case (float32 rows of 5+ a lane load the parameters 4 columns
+    at a time, the last batch partial at K = 5, 6, 10); float32 LayerNorm also at x + 1000."""
     monkeypatch.setenv("FASTNORM_OFFSET_ROWS", "warp")
     for n in sorted({w for k in WARP_ROW_KS for w in (32 * k, 32 * k + 1) if w <= 1024}):
         check_view_rows(rows=1001, n=n, dtype=dtype, rms=rms, seed=n)
+
+
+@pytest.mark.parametrize("extra", [-8, 8])
+def test_float32_short_rows_take_warps_from_a_row_an_sm(extra):
+    """Float32 rows of 128-640 at an offset take the warp-row kernel from as many rows as SMs, other kernels
+    below; both right."""
+    rows = torch.cuda.get_device_properties(0).multi_processor_count + extra
+    for n, rms in [(257, True), (301, False), (640, False)]:
+        x = make((rows, n + 1), torch.float32, "randn", seed=n + rows)[:, 1:]
+        w, b = params((n,), torch.float32, True, n)
+        b = None if rms else b
+        names = kernels_of(lambda: run_op(x, 1, 2, w, b, 1e-5, rms))
+        assert any("warp_rows_kernel" in name for name in names) is (extra > 0), names
+        check(run_op(x, 1, 2, w, b, 1e-5, rms), reference(x, 1, 2, w, b, 1e-5, rms), torch.float32, x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

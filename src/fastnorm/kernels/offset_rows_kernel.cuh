@@ -2,8 +2,9 @@
 // (100000x257, x[:, 1:]). Three, by row length and call size (offset_rows_chunked says which):
 //
 // Chunked rows (offset_rows_kernel), rows of 1025 and more, and calls whose rows have 128+ elements
-// of at most 24 MB (4- and 8-byte types) or fewer than 16 rows an SM (2-byte types): a group of `tpr`
-// threads a row (4-512, a power of two), the row in registers.
+// of at most 24 MB (8-byte types, float32 rows of 641+) or fewer than 16 rows an SM (2-byte types) or
+// than SMs (float32 rows of up to 640): a group of `tpr` threads a row (4-512, a power of two), the row in
+// registers.
 // Loads and stores stay 16 bytes wide at any offset: the group works in the aligned 16-byte chunks
 // of y that cover the row, the first and last partly outside it (bytes of the same 16-byte granule
 // as the row's own, so inside its allocation), and masks the elements outside. Where x's rows start
@@ -267,6 +268,16 @@ constexpr bool warp_rows_hoisted(int k) {
   return sizeof(T) == 2 || k <= 4;
 }
 
+// Columns whose parameters the kernels that do not hold them load together after a row's statistics, before
+// the row's stores of those columns. Loaded beside each store, a load could not pass the store before it (y may
+// alias them: nvcc kept the order) and a row of K elements a lane paid K round trips in turn. H200, float32, us,
+// same process, against a column at a time (results/h200-warp-row-batches.txt): RMS 4713x257 8.06 -> 6.91,
+// 16654x270 15.84 -> 14.82, 54687x205 29.9 -> 29.4, 100000x257 58.3 -> 57.5, LN 6000x600 at an offset 16.4 -> 13.3;
+// all K columns at once held more registers (K = 10: 56 against 46 at 4, 40 at 1) and lost on large calls (RMS
+// 272747x257 147 -> 153). Float64 keeps a column at a time (unmeasured).
+template <typename T>
+constexpr int kWarpRowParamBatch = sizeof(T) == 8 ? 1 : 4;
+
 // Waves of resident blocks a call of hoisting instances (launch_warp_rows), then grid-stride: a warp's parameters
 // (loaded once) serve its rows. H200, us, one wave against two / a block for every rows_per_block rows: bf16
 // 3000x513 at an offset 8.10 / 9.22 / 9.22, fp16 21309x257 RMS 12.4 / 13.1 / 15.0, 197805x256 at an offset RMS
@@ -317,7 +328,7 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
   const bool rms = a.rms;
   const int64_t step = int64_t(gridDim.x) * warps_per_block * R * G;
   // kHoist (warp_rows_hoisted): the parameters of the lane's columns loaded and converted once for all the rows
-  // the warp takes, else loaded for each row after its statistics.
+  // the warp takes, else loaded for each row after its statistics, kWarpRowParamBatch columns at a time.
   constexpr bool kHoist = warp_rows_hoisted<T>(K);
   A wv[kHoist ? K : 1], bv[kHoist ? K : 1];
   if constexpr (kHoist) {
@@ -406,7 +417,7 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
           if (j < n) yr[j] = from_acc<T>(fma(normalized(v[r][k], st[r]), wv[k], bv[k]));
         }
       }
-    } else {
+    } else if constexpr (kWarpRowParamBatch<T> == 1) {
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const int j = sub + L * k;
@@ -415,6 +426,28 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (first + r * G < a.rows) a.y[(first + r * G) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k], st[r]), w, b));
+        }
+      }
+    } else {
+      constexpr int kBatch = kWarpRowParamBatch<T> < K ? kWarpRowParamBatch<T> : K;
+#pragma unroll
+      for (int k0 = 0; k0 < K; k0 += kBatch) {
+        A w[kBatch], b[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int j = sub + L * (k0 + i);
+          const bool in = k0 + i < K && j < n;
+          w[i] = a.w && in ? A(to_acc(a.w[j])) : A(1);
+          b[i] = a.b && in ? A(to_acc(a.b[j])) : A(0);
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int j = sub + L * (k0 + i);
+          if (k0 + i >= K || j >= n) continue;
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (first + r * G < a.rows) a.y[(first + r * G) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k0 + i], st[r]), w[i], b[i]));
+          }
         }
       }
     }
@@ -581,11 +614,13 @@ static inline bool offset_rows_chunked(const NormParams& p) {
   // 2-byte rows, and 4-byte rows of up to kWarpRowsF32MaxN: the warp-row kernel once the SMs get 16 rows each
   // (bf16 3000x513 at an offset 11.1 -> 10.1 us, fp16 21309x257 RMS 21.3 -> 15.8; bf16 436x792 at an offset 5.9
   // against 10.0 on warps; H100. fp32 4713x257 RMS 8.70 -> 8.02, 16654x270 16.5 -> 15.9; 4096x771 LN 13.7
-  // against 20.1 on warps; H200, results/h200-strided-rows.txt). The others up to 24 MB on the chunked kernel.
+  // against 20.1 on warps; H200, results/h200-strided-rows.txt). Float32 rows of up to kWarpRowsF32MaxN from a
+  // row an SM: with their parameters loaded in batches (kWarpRowParamBatch) smaller calls are faster on warps too
+  // (H200, us, chunked against warps: LN 2000x301 7.74 -> 5.70, RMS 1500x257 at an offset 6.85 -> 5.28, 140x257 at
+  // an offset 5.31 -> 4.48; results/h200-warp-row-batches.txt). The others up to 24 MB on the chunked kernel.
   const int elem = elem_size(p.dtype);
-  if (elem == 2 || (elem == 4 && p.n <= kWarpRowsF32MaxN)) {
-    return p.outer < int64_t(kChunkedRowsPerSm) * device_info().sms;
-  }
+  if (elem == 4 && p.n <= kWarpRowsF32MaxN) return p.outer < device_info().sms;
+  if (elem == 2) return p.outer < int64_t(kChunkedRowsPerSm) * device_info().sms;
   return p.outer * p.n * elem <= kChunkedRowsBytes;
 }
 

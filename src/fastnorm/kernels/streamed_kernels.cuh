@@ -46,13 +46,39 @@ __device__ __forceinline__ Affine<A> stream_row_affine(const T* x, int64_t row, 
   return finalize(s, n, eps, rms, rms ? A(0) : A(to_acc(x[row * x_stride])));
 }
 
+// The finalize launch's map of a row (rows of more partials than threads): the same merges in the same order, a
+// thread's partials loaded kStreamMergeLoads at a time and LayerNorm's shift first, where a load beside each merge
+// made a thread's loads wait in turn (bf16 1x2784270 RMS: 2.00 -> 1.64 us, H200).
+constexpr int kStreamMergeLoads = 4;
+template <typename T, typename A = typename AccOf<T>::type>
+__device__ __forceinline__ Affine<A> stream_row_affine_batched(const T* x, int64_t row, int64_t n, int64_t x_stride,
+                                                               int chunks, double eps, int rms, const void* partials,
+                                                               Stats<A>* red) {
+  const auto* part = reinterpret_cast<const Stats<A>*>(partials) + row * chunks;
+  const A shift = rms ? A(0) : A(to_acc(x[row * x_stride]));
+  Stats<A> s{A(0), A(0), A(0)};
+  for (int i0 = threadIdx.x; i0 < chunks; i0 += kStreamMergeLoads * blockDim.x) {
+    Stats<A> got[kStreamMergeLoads];
+#pragma unroll
+    for (int u = 0; u < kStreamMergeLoads; ++u) {
+      if (i0 + u * int(blockDim.x) < chunks) got[u] = part[i0 + u * int(blockDim.x)];
+    }
+#pragma unroll
+    for (int u = 0; u < kStreamMergeLoads; ++u) {
+      if (i0 + u * int(blockDim.x) < chunks) s = merge(s, got[u], rms);
+    }
+  }
+  s = group_reduce(s, blockDim.x, rms, red);
+  return finalize(s, n, eps, rms, shift);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kStreamThreads) stream_finalize_kernel(const T* x, int64_t n, int64_t x_stride,
                                                                          int chunks, double eps, int rms,
                                                                          const void* partials, void* affine) {
   using A = typename AccOf<T>::type;
   __shared__ Stats<A> red[32];
-  const Affine<A> st = stream_row_affine(x, blockIdx.x, n, x_stride, chunks, eps, rms, partials, red);
+  const Affine<A> st = stream_row_affine_batched(x, blockIdx.x, n, x_stride, chunks, eps, rms, partials, red);
   if (threadIdx.x == 0) reinterpret_cast<Affine<A>*>(affine)[blockIdx.x] = st;
 }
 
