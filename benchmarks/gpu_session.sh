@@ -12,6 +12,8 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/fastnorm_ext}
 stages=${*:-build tests sanitize time}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 python3 -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v WARNING
+# Wheels carried in .whl/ (Liger for the sweeps' column: the GPU machine reaches no registry).
+for wheel in .whl/*.whl; do [ -f "$wheel" ] && python3 -m pip install -q --no-build-isolation --no-deps "$wheel" 2>&1 | grep -v WARNING; done
 for stage in $stages; do
   echo "=== $stage"
   case $stage in

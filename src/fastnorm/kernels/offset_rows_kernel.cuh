@@ -260,9 +260,10 @@ constexpr int kWarpRowMaxK = 32;  // elements a lane holds: rows of up to 32 x 3
 // 197805x256 at an offset RMS 74.1 -> 66.6, 100000x257 LN 55.0 -> 43.7, 100000x33 14.9 -> 13.0, fp16 21309x257 RMS
 // 14.9 -> 12.4, 200000x129 LN 57.0 -> 47.9, fp32 669317x32 at an offset LN 55.8 -> 48.7. Small calls lost half a
 // microsecond (fp16 372x94 LN 4.45 -> 5.06, 11897x56 padded 5.54 -> 6.05): the x loads wait for the parameters'
-// conversions. 4-byte rows of 5+ a lane keep loading them each row: their registers cost occupancy (K = 10: 56
-// registers, 4 blocks of 256 an SM against 6) and large calls lost (fp32 272747x257 RMS 137 -> 159), though small
-// ones gained (4713x257 8.0 -> 7.6).
+// conversions. 4-byte rows of 5+ a lane keep loading them each row (kWarpRowParamBatch columns at a time): their
+// registers cost occupancy (K = 10: 56 registers, 4 blocks of 256 an SM against 6) and large calls lost (fp32
+// 272747x257 RMS 137 -> 159), though small ones gained (4713x257 8.0 -> 7.6; with the batches, holding them only in
+// calls of a wave: +-4%, session 44).
 template <typename T>
 constexpr bool warp_rows_hoisted(int k) {
   return sizeof(T) == 2 || k <= 4;
