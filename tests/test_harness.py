@@ -15,7 +15,7 @@ import torch
 
 from fastnorm.harness import VERDICTS, CandidateResult, EvaluationError, evaluate
 from fastnorm.harness import checks, cli, messages, shared_tensors
-from fastnorm.harness.judge import MIN_TIMED_CALLS, with_second_look
+from fastnorm.harness.judge import CLOCK_LOOKS, MIN_TIMED_CALLS, with_more_looks
 from fastnorm.harness.timing_verdict import FLOOR_MARGIN
 from fastnorm.harness.channel import ProtocolError, decode_value, encode_value, tensor_leaves
 from fastnorm.harness.report import summarize
@@ -523,21 +523,23 @@ def test_judge_timing_compares_with_the_judges_clock():
                         min_bytes=1, copy_bw=1e12) is None  # no external measurement (older reports)
 
 
-def test_disagreeing_clocks_get_one_second_look():
+def test_disagreeing_clocks_get_more_looks():
     honest = {"median_ms": 1.0, "trials": 10, "device_tail_ms": 0.0, "external_median_ms": 1.04,
               "external_excess_ms": 0.04, "loop_overhead_ms": 0.02, "loop_overhead_spread_ms": 0.01}
     burst = {**honest, "external_excess_ms": 1.4}  # the judge descheduled over most of the calls
 
     def run(*timings):
-        queue, said = list(timings), []
-        timing = with_second_look(lambda: queue.pop(0), said.append)
-        return timing, len(timings) - len(queue), said
+        queue, said, slept = list(timings), [], []
+        timing = with_more_looks(lambda: queue.pop(0), said.append, sleep=slept.append)
+        return timing, len(timings) - len(queue), said, slept
 
-    assert run(honest) == (honest, 1, [])  # agreeing clocks: timed once
-    timing, runs, said = run(burst, honest)  # a burst: the second look is what is judged
-    assert timing is honest and runs == 2 and said == ["timing again (the clocks disagreed)"]
-    timing, runs, _ = run(burst, burst)  # a tampered clock disagrees twice: judged cheating
-    assert runs == 2 and "clock disagrees" in judge_timing(timing, min_bytes=1, copy_bw=1e12)
+    assert run(honest) == (honest, 1, [], [])  # agreeing clocks: timed once, no pause
+    timing, runs, said, slept = run(burst, burst, honest)  # a burst over two looks: the third is judged
+    assert timing is honest and runs == 3 and len(slept) == 2 and all(s > 0 for s in slept)
+    assert said == [f"timing again (the clocks disagreed), look {k} of {CLOCK_LOOKS}" for k in (2, 3)]
+    assert CLOCK_LOOKS == 3
+    timing, runs, _, _ = run(*[burst] * (CLOCK_LOOKS + 1))  # a tampered clock disagrees every look: cheating
+    assert runs == CLOCK_LOOKS and "clock disagrees" in judge_timing(timing, min_bytes=1, copy_bw=1e12)
 
 
 def test_time_callable_calls_hooks_outside_the_measured_call():
