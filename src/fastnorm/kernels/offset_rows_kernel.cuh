@@ -616,10 +616,11 @@ static inline bool offset_rows_chunked(const NormParams& p) {
   // (bf16 3000x513 at an offset 11.1 -> 10.1 us, fp16 21309x257 RMS 21.3 -> 15.8; bf16 436x792 at an offset 5.9
   // against 10.0 on warps; H100. fp32 4713x257 RMS 8.70 -> 8.02, 16654x270 16.5 -> 15.9; 4096x771 LN 13.7
   // against 20.1 on warps; H200, results/h200-strided-rows.txt). Float32 rows of up to kWarpRowsF32MaxN from a
-  // row an SM: with their parameters loaded in batches (kWarpRowParamBatch) smaller calls are faster on warps too
-  // (H200, us, chunked against warps: RMS 2200x600 at an offset 11.07 -> 7.10, 4713x257 LN 9.31 -> 6.82; LN 2000x301
-  // 7.74 -> 5.70 and RMS 1500x257 at an offset 6.85 -> 5.28 on warps holding their parameters, within 4% of the
-  // batches in such calls; results/h200-warp-row-batches.txt). The others up to 24 MB on the chunked kernel.
+  // row an SM: with their parameters loaded in batches (kWarpRowParamBatch) the warp kernel is far ahead where it
+  // ran before (H200, us, chunked against warps: RMS 2200x600 at an offset 11.07 -> 7.10, LN 4713x257 9.31 -> 6.82),
+  // and on smaller calls warps holding their parameters were too (LN 2000x301 7.74 -> 5.70, RMS 1500x257 at an
+  // offset 6.85 -> 5.28, 140x257 at an offset 5.31 -> 4.48), the batches within 4% of them on calls of a wave
+  // (results/h200-warp-row-batches.txt). The others up to 24 MB on the chunked kernel.
   const int elem = elem_size(p.dtype);
   if (elem == 4 && p.n <= kWarpRowsF32MaxN) return p.outer < device_info().sms;
   if (elem == 2) return p.outer < int64_t(kChunkedRowsPerSm) * device_info().sms;
