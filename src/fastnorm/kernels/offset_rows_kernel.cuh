@@ -447,7 +447,8 @@ __global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_ke
           if (k0 + i >= K || j >= n) continue;
 #pragma unroll
           for (int r = 0; r < R; ++r) {
-            if (first + r * G < a.rows) a.y[(first + r * G) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k0 + i], st[r]), w[i], b[i]));
+            if (first + r * G < a.rows)
+              a.y[(first + r * G) * int64_t(n) + j] = from_acc<T>(fma(normalized(v[r][k0 + i], st[r]), w[i], b[i]));
           }
         }
       }
