@@ -178,8 +178,8 @@ def check_saved_statistics(x, n, dtype, w, b):
 @pytest.mark.parametrize("k", ["planned", "8", "16"])
 def test_strided_rows(n, dtype, layout, rows, k, monkeypatch):
     """The strided-row kernel (scalar rows of 1025-16384, a block a row, element j in thread j % B), forced
-    (FASTNORM_STRIDED_ROWS=1), each of its instances: 1200 rows (8+ an SM) take 16 elements a thread on up to
-    512 threads for rows of up to 8192, 16 on 1024 past that; 600 rows 8 on up to 1024 threads up to 4096 (a
+    (FASTNORM_STRIDED_ROWS=1), each of its instances: 1200 rows (8+ an SM) take 16 elements a thread on 256
+    threads for rows of up to 4096, on 512 up to 8192, on 1024 past that; 600 rows 8 on up to 1024 threads up to 4096 (a
     latency-bound call), 40 rows (fewer than SMs) up to 8192; on scalar_rows' layouts and every parameter case.
     FASTNORM_STRIDED_ROW_K (A/B switches): =8, 8 elements a thread on up to 512 threads for rows of up to 4096
     in 1200 rows; =16, 16 a thread in every call."""
@@ -199,7 +199,8 @@ def test_granule_rows(n, dtype, layout, k, monkeypatch):
     """The granule-row kernel (a block a row, each thread 1, 2 or 4 16-byte granules of x's grid, the output in
     y's grid), forced (FASTNORM_GRANULE_ROWS=1) on 300 rows, or as planned on 1200 (8+ an SM: not latency-bound;
     it takes float16 rows of 1025+, the others of 2048+, up to 24 KB, and leaves the others to other kernels), on
-    scalar_rows' layouts, every parameter case and the statistics a training forward saves."""
+    scalar_rows' layouts, every parameter case and the statistics a training forward saves. Float32 rows up to
+    8189 that it would take go to the strided kernel's fixed blocks instead."""
     if k != "planned":
         monkeypatch.setenv("FASTNORM_GRANULE_ROWS", "1")
         monkeypatch.setenv("FASTNORM_GRANULE_ROW_K", k)
@@ -213,7 +214,9 @@ def test_granule_rows(n, dtype, layout, k, monkeypatch):
         elem = x.element_size()
         shifted = elem != 4 or any((x[r].data_ptr() - r * n * elem) % 16 for r in range(16 // elem))
         takes = n >= (1025 if dtype == torch.float16 else 2048) and n * elem <= 24 * 1024 and shifted
-        assert any("granule_rows_kernel" in name for name in names) == takes, names
+        strided = dtype == torch.float32 and 2048 <= n <= 8189 and shifted  # the strided kernel's fixed blocks
+        assert any("granule_rows_kernel" in name for name in names) == (takes and not strided), names
+        assert any("strided_rows_kernel" in name for name in names) == strided, names
     check_parameter_cases(x, far, n, dtype, w, b)
     check_saved_statistics(x, n, dtype, w, b)
 

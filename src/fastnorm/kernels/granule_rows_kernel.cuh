@@ -102,9 +102,10 @@ static inline GranulePlan granule_rows_shape(int64_t n, int elem, int k) {
 
 // Rows it takes: scalar 2- and 4-byte rows of kGranuleRowMinN (float16: kGranuleRowMinNF16) up to kGranuleRowMaxBytes
 // (inside what the offset-row kernels cover, so the solver's family of such a call is unchanged), in calls that are
-// not latency-bound (strided_small_call: the strided kernel's), 4 granules a thread. H200, us, same process, against
-// the kernels planned before (strided for float16, chunked offset-row for bfloat16, the row kernel's scalar path for
-// shifted float32 rows; results/h200-strided-rows.txt): RMS fp16 16384x4096 off1 127.4 -> 80.9 (torch.compile 81.5),
+// not latency-bound (strided_small_call: the strided kernel's), 4 granules a thread. Since session 45 the float32
+// rows go to the strided kernel's fixed blocks (strided_takes_f32_rows): it plans 2-byte rows only. H200, us, same
+// process, against the kernels planned before (strided for float16, chunked offset-row for bfloat16, the row
+// kernel's scalar path for shifted float32 rows; results/h200-strided-rows.txt): RMS fp16 16384x4096 off1 127.4 -> 80.9 (torch.compile 81.5),
 // LN fp16 15209x12001 453 -> 304, 8000x1100 off3 RMS 25.9 -> 20.7, RMS bf16 16384x4097 119.8 -> 86.1, 30000x2049 off1
 // 116.7 -> 88.9, 1762x4744 off3 19.8 -> 14.7, LN 20000x8191 381.5 -> 288.2, RMS fp32 28532x3938 off2 286.4 -> 249.3
 // (252.6), LN fp32 4000x6000 off1 70.3 -> 66.9; LN fp16 100000x1535 level. Left to the others: bf16 rows under 2048
@@ -130,6 +131,7 @@ static inline GranulePlan granule_rows_plan(const NormParams& p, int vec) {
   const int64_t min_n = p.dtype == FN_F16 ? kGranuleRowMinNF16 : kGranuleRowMinN;
   if (p.n < min_n || p.n * elem > kGranuleRowMaxBytes || strided_small_call(p.n, p.outer, device_info().sms)) return {0, 0};
   if (elem == 4 && !offset_rows_shifted(p)) return {0, 0};  // (the chunked offset-row kernel: see above)
+  if (strided_takes_f32_rows(p, false)) return {0, 0};       // (the strided kernel's fixed blocks)
   return granule_rows_shape(p.n, elem, k);
 }
 

@@ -317,9 +317,12 @@ static inline int warp_row_lanes(int64_t n, int elem) {
 // K: elements a lane holds of each of the R row slots it takes at once; L lanes a row (a power of two,
 // at most 32): lane l holds elements l % L, l % L + L, ... of row slot r's row l / L, so a warp takes
 // R * 32 / L rows at once. LayerNorm's statistics are about each row's first element: sums of
-// x - shift give the mean, then the centered sum of squares.
-template <typename T, typename W, int K, int R, int L = 32>
-__global__ void __launch_bounds__(kWarpRowThreads, K >= 24 ? 1 : 2) warp_rows_kernel(RowArgs<T, W> a) {
+// x - shift give the mean, then the centered sum of squares. kMinBlocks: blocks an SM the register budget is
+// sized for (kWarpRowMoreBlocks: more). (A function, not `K >= 24 ? 1 : 2`: the solver's reachable.py reads a
+// `>` in a template's parameters as the list's end.)
+constexpr int warp_rows_min_blocks(int k) { return k >= 24 ? 1 : 2; }
+template <typename T, typename W, int K, int R, int L = 32, int kMinBlocks = warp_rows_min_blocks(K)>
+__global__ void __launch_bounds__(kWarpRowThreads, kMinBlocks) warp_rows_kernel(RowArgs<T, W> a) {
   using A = typename AccOf<T>::type;
   constexpr int G = 32 / L;  // rows side by side in a warp
   const int lane = threadIdx.x & 31, sub = lane & (L - 1), side = lane / L;
@@ -703,8 +706,20 @@ static inline int warp_rows_k(int64_t n, int lanes = 32) {
   return 0;
 }
 
+// Float32 rows of 161-320 (K = 8 and 10) in large calls: 6 blocks an SM (40 registers, no spill; 5 at the
+// default bound's 42 and 46). H200, us, same process, 5 -> 6 blocks: RMS 100000x257 57.2 -> 55.3 (torch.compile
+// 53.6), LN 59.6 -> 57.5 (58.6), 54687x205 28.8 -> 27.9, 272747x257 146.3 -> 140.5; calls of a few waves lost
+// (16654x270 14.59 -> 14.78, 4713x257 6.75 -> 6.88), so only calls of kWarpRowMoreBlocksWaves waves and more
+// take them (the rule against 5 blocks: 30000x257 21.60 -> 21.34, 54687x205 28.93 -> 28.00, 100000x257 56.99 ->
+// 55.36; 16654x270 and 25000x300 level; results/h200-strided-fixed-blocks.txt). FASTNORM_WARP_ROW_MIN_BLOCKS=5
+// / 6 (read at each call, for A/B runs) forces one or the other.
+constexpr int kWarpRowMoreBlocksPerSm = 6;
+constexpr int64_t kWarpRowMoreBlocksWaves = 4;
+template <typename T>
+constexpr bool kWarpRowMoreBlocks(int k) { return sizeof(T) == 4 && (k == 8 || k == 10); }
+
 template <typename T, typename W, int I = 0>
-static inline const void* warp_rows_kernel_of(int k, int lanes) {
+static inline const void* warp_rows_kernel_of(int k, int lanes, bool more_blocks = false) {
   if constexpr (I >= kWarpRowKCount) {
     return nullptr;
   } else {
@@ -718,9 +733,13 @@ static inline const void* warp_rows_kernel_of(int k, int lanes) {
       if constexpr (K == 3) {
         if (lanes == 16) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K), 16>);
       }
+      if constexpr (kWarpRowMoreBlocks<T>(K)) {
+        if (lanes == 32 && more_blocks)
+          return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K), 32, kWarpRowMoreBlocksPerSm>);
+      }
       return lanes == 32 ? reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K)>) : nullptr;
     }
-    return warp_rows_kernel_of<T, W, I + 1>(k, lanes);
+    return warp_rows_kernel_of<T, W, I + 1>(k, lanes, more_blocks);
   }
 }
 
@@ -729,14 +748,15 @@ static inline const char* launch_warp_rows(const NormParams& p, cudaStream_t str
   // Lanes a row (warp_row_lanes, or FASTNORM_WARP_ROW_LANES where an instance has them), and elements a lane.
   int lanes = int(env_int("FASTNORM_WARP_ROW_LANES", 0));
   if (lanes != 8 && lanes != 16) lanes = lanes == 32 ? 32 : warp_row_lanes(p.n, elem_size(p.dtype));
-  const void* kernel = warp_rows_kernel_of<T, W>(warp_rows_k(p.n, lanes), lanes);
-  if (kernel == nullptr) {
-    lanes = 32;
-    kernel = warp_rows_kernel_of<T, W>(warp_rows_k(p.n), lanes);
-  }
+  if (warp_rows_kernel_of<T, W>(warp_rows_k(p.n, lanes), lanes) == nullptr) lanes = 32;
   const int k = warp_rows_k(p.n, lanes);
   const int64_t rows_per_block = int64_t(kWarpRowThreads / 32) * warp_rows_at_once(k) * (32 / lanes);
   const int64_t blocks = (p.outer + rows_per_block - 1) / rows_per_block;
+  const int64_t forced_blocks = env_int("FASTNORM_WARP_ROW_MIN_BLOCKS", 0);
+  const bool more_blocks = forced_blocks == kWarpRowMoreBlocksPerSm ||
+                           (forced_blocks == 0 && kWarpRowMoreBlocks<T>(k) &&
+                            blocks >= kWarpRowMoreBlocksWaves * kWarpRowMoreBlocksPerSm * device_info().sms);
+  const void* kernel = warp_rows_kernel_of<T, W>(k, lanes, more_blocks);
   // Hoisting instances: kWarpRowWaves waves of resident blocks, then grid-stride, so that a warp's parameters
   // serve several rows; the others a block for every rows_per_block rows (fp32 272747x257 RMS 211.3 us at 4
   // waves, 194.8 not; H100). FASTNORM_WARP_ROW_WAVES (read at each call, for A/B runs): waves of resident

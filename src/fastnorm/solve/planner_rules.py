@@ -202,7 +202,9 @@ def _few_rows_take(call: ExtensionCall, dev: CudaDevice, vec: int, threads: int)
 
 def _strided_rows_take(call: ExtensionCall, dev: CudaDevice, vec: int, threads: int, blocks_per_row: int) -> bool:
     """strided_rows_kernel.cuh strided_rows_plan (the offset-row family): scalar rows of 1025-16384, not float64,
-    in a latency-bound call (strided_small_call) or float16 in a call of STRIDED_SMALL_ROWS rows an SM and more."""
+    in a latency-bound call (strided_small_call) or float16 in a call of STRIDED_SMALL_ROWS rows an SM and more
+    (and float32 rows of x views at other offsets than y's, strided_takes_f32_rows: never a contiguous input,
+    and inside offset_rows_cover)."""
     longest = STRIDED_ROW_MAX_THREADS * STRIDED_ROW_MAX_K
     if vec != 1 or not STRIDED_ROW_MIN_N <= call.n <= longest or elem_size(call.dtype) == 8 or threads > 0 \
             or blocks_per_row > 0:
