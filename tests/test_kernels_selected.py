@@ -98,6 +98,22 @@ def test_declarations_no_entry_point_reaches_are_dropped():
     assert kept.count("namespace outer {") == 1 and kept.rstrip().endswith("INSTANCE_MACRO(kernel, float)")
 
 
+def test_template_heads_with_operators_in_default_arguments_declare_their_names():
+    """`>=`, `<<` and parenthesized `>` in a template's default arguments are operators, not the list's end: the
+    declaration still declares its name (a misread one was kept whatever reached it: session 45's InstanceNorm
+    solution grew past 40 KB by a kernel it never launches)."""
+    for default in ("K >= 24 ? 1 : 2", "(K > 8 ? 1 : 2)", "K <= 8 ? 1 : 2", "1 << 4", "K >= 24 ? 1 : 2, int kB = 1 << 4"):
+        source = f"""template <typename T, int K, int kMin = {default}>
+__global__ void __launch_bounds__(256, kMin) unused_kernel(T* a) {{ a[0] = T(K); }}
+template <typename T, int K = 3>
+__global__ void used_kernel(T* a) {{ a[0] = T(K); }}
+void entry(float* a) {{ used_kernel<float><<<1, 1>>>(a); }}
+"""
+        kept = keep_reachable([source], ["entry"])[0]
+        assert "used_kernel(T* a)" in kept and "entry(" in kept, default
+        assert "unused_kernel" not in kept, default
+
+
 def _all_want_symbols_in_sources() -> set:
     found = set()
     for path in list(KERNELS_DIR.glob("*.c*")) + list(KERNELS_DIR.glob("*.h")):

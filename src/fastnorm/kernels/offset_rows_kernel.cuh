@@ -318,8 +318,7 @@ static inline int warp_row_lanes(int64_t n, int elem) {
 // at most 32): lane l holds elements l % L, l % L + L, ... of row slot r's row l / L, so a warp takes
 // R * 32 / L rows at once. LayerNorm's statistics are about each row's first element: sums of
 // x - shift give the mean, then the centered sum of squares. kMinBlocks: blocks an SM the register budget is
-// sized for (kWarpRowMoreBlocks: more). (A function, not `K >= 24 ? 1 : 2`: the solver's reachable.py reads a
-// `>` in a template's parameters as the list's end.)
+// sized for (kWarpRowMoreBlocks: more).
 constexpr int warp_rows_min_blocks(int k) { return k >= 24 ? 1 : 2; }
 template <typename T, typename W, int K, int R, int L = 32, int kMinBlocks = warp_rows_min_blocks(K)>
 __global__ void __launch_bounds__(kWarpRowThreads, kMinBlocks) warp_rows_kernel(RowArgs<T, W> a) {

@@ -273,14 +273,23 @@ def _declaration(text: str, mask: str) -> Declaration:
 
 
 def _skip_template_heads(mask: str) -> str:
-    """The declaration after its `template <...>` heads."""
+    """The declaration after its `template <...>` heads. As C++ reads them: `>=`, `<=` and `<<` in a default
+    argument are operators, and so is anything in parentheses; the first other `>` at the list's depth ends it."""
     while True:
         head = re.match(r"\s*template\s*<", mask)
         if not head:
             return mask
-        depth, i = 1, head.end()
+        depth, parens, i = 1, 0, head.end()
         while i < len(mask) and depth:
-            depth += {"<": 1, ">": -1}.get(mask[i], 0)
+            c = mask[i]
+            if c in "([{":
+                parens += 1
+            elif c in ")]}":
+                parens -= 1
+            elif parens == 0 and mask.startswith((">=", "<=", "<<"), i):
+                i += 1
+            elif parens == 0:
+                depth += {"<": 1, ">": -1}.get(c, 0)
             i += 1
         mask = mask[i:]
 
