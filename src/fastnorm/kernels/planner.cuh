@@ -12,11 +12,11 @@
 //                       96-512 KB rows, enough to fill the chip           cluster_row_norm (cluster_kernel.cuh)
 //                       at most 1024 vectors, fewer rows than SMs or      few_rows (few_rows_kernel.cuh)
 //                       (inference) one wave of blocks
-//                       scalar 2- and 4-byte rows (odd n, misaligned) of  granule_rows (granule_rows_kernel.cuh,
-//                       2048 (float16 1025) to 24 KB, not latency-bound   the offset-row family)
+//                       scalar 2-byte rows (odd n, misaligned) of 2048    granule_rows (granule_rows_kernel.cuh,
+//                       (float16 1025) to 24 KB, not latency-bound        the offset-row family)
 //                       scalar rows (odd n, misaligned) of 1025-16384     strided_rows (strided_rows_kernel.cuh,
-//                       in latency-bound calls, or float16 in large ones  the offset-row family)
-//                       (not float64)
+//                       in latency-bound calls, float16 in large ones,    the offset-row family)
+//                       shifted float32 ones of 2048-8189 (not float64)
 //                       scalar rows of 32-16377 (bfloat16 up to 32761)    offset_rows / warp_rows (offset_rows_kernel.cuh)
 //                       contiguous rows of 2-16 bytes that divide 16,     packed_rows (packed_rows_kernel.cuh,
 //                       x and y 16-byte aligned                           the offset-row family)
