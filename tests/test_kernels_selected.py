@@ -102,7 +102,8 @@ def test_template_heads_with_operators_in_default_arguments_declare_their_names(
     """`>=`, `<<` and parenthesized `>` in a template's default arguments are operators, not the list's end: the
     declaration still declares its name (a misread one was kept whatever reached it: session 45's InstanceNorm
     solution grew past 40 KB by a kernel it never launches)."""
-    for default in ("K >= 24 ? 1 : 2", "(K > 8 ? 1 : 2)", "K <= 8 ? 1 : 2", "1 << 4", "K >= 24 ? 1 : 2, int kB = 1 << 4"):
+    defaults = ("K >= 24 ? 1 : 2", "(K > 8 ? 1 : 2)", "K <= 8 ? 1 : 2", "1 << 4", "K >= 24 ? 1 : 2, int kB = 1 << 4")
+    for default in defaults:
         source = f"""template <typename T, int K, int kMin = {default}>
 __global__ void __launch_bounds__(256, kMin) unused_kernel(T* a) {{ a[0] = T(K); }}
 template <typename T, int K = 3>
