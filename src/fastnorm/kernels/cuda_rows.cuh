@@ -235,15 +235,15 @@ __device__ __forceinline__ V* cache_row_granules(V* cache, const T* x, int64_t n
   return reinterpret_cast<V*>(reinterpret_cast<char*>(cache) + off);
 }
 
-// The output of a scalar row, chunks first, first + step, ... (below end; !kEnd: to the last) of the up to n + 1
-// that hold it in y's 16-byte grid, the first and last partly outside the row; x0: the row's element 0 in the
-// row cache (cache_row_granules) or in global memory (the streamed kernels). An inner chunk reads its x values
-// as the 16 bytes that hold them (two granules realigned where x's and y's rows start at other offsets in their
-// 16 bytes), its parameters likewise (two 16-byte loads, realigned; parameters of x's size only), and stores 16
-// bytes: a store for E elements where the element pass took E. Every granule read holds an element of the row, so it lies in the
-// row's allocation. The two edge chunks go element by element. I: the index type (int64_t for rows of 2^31
-// elements and more). (The chunk count computed after the addresses cost the granule-row kernels registers:
-// float32 K = 4 48 -> 57, 4 blocks of 256 an SM instead of 5, RMS 28532x3938 at an offset 250 -> 271 us.)
+// The output of a scalar row, chunks first, first + step, ... (below end; !kEnd: to the last) of the up to n + 1 that
+// hold it in y's 16-byte grid, the first and last partly outside the row; x0: the row's element 0 in the row cache
+// (cache_row_granules) or in global memory (the streamed kernels). An inner chunk reads its x values as the 16 bytes
+// that hold them (two granules realigned where x's and y's rows start at other offsets in their 16 bytes), its
+// parameters likewise (two 16-byte loads, realigned; parameters of x's size only), and stores 16 bytes: a store for E
+// elements where the element pass took E. Every granule read holds an element of the row, so it lies in the row's
+// allocation. The two edge chunks go element by element. I: the index type (int64_t for rows of 2^31 elements and
+// more). (The chunk count computed after the addresses cost the granule-row kernels registers: float32 K = 4 48 -> 57,
+// 4 blocks of 256 an SM instead of 5, RMS 28532x3938 at an offset 250 -> 271 us.)
 template <typename I, bool kEnd = true, typename A, typename T, typename W>
 __device__ __forceinline__ void store_granule_chunks(const Vec<T, 1>* x0v, T* y, I n, const W* w, const W* b,
                                                      const Affine<A>& st, bool rms, I first, I end, I step) {

@@ -101,18 +101,18 @@ static inline GranulePlan granule_rows_shape(int64_t n, int elem, int k) {
 }
 
 // Rows it takes: scalar 2- and 4-byte rows of kGranuleRowMinN (float16: kGranuleRowMinNF16) up to kGranuleRowMaxBytes
-// (inside what the offset-row kernels cover, so the solver's family of such a call is unchanged), in calls that are
-// not latency-bound (strided_small_call: the strided kernel's), 4 granules a thread. Since session 45 the float32
-// rows go to the strided kernel's fixed blocks (strided_takes_f32_rows): it plans 2-byte rows only. H200, us, same
-// process, against the kernels planned before (strided for float16, chunked offset-row for bfloat16, the row
-// kernel's scalar path for shifted float32 rows; results/h200-strided-rows.txt): RMS fp16 16384x4096 off1 127.4 -> 80.9 (torch.compile 81.5),
-// LN fp16 15209x12001 453 -> 304, 8000x1100 off3 RMS 25.9 -> 20.7, RMS bf16 16384x4097 119.8 -> 86.1, 30000x2049 off1
-// 116.7 -> 88.9, 1762x4744 off3 19.8 -> 14.7, LN 20000x8191 381.5 -> 288.2, RMS fp32 28532x3938 off2 286.4 -> 249.3
-// (252.6), LN fp32 4000x6000 off1 70.3 -> 66.9; LN fp16 100000x1535 level. Left to the others: bf16 rows under 2048
-// (100000x1025 LN 248 against 305, 11231x1997 41 against 48: fewer bytes in flight a thread on small blocks), float32
-// rows of 32 KB (3000x8000 off1 RMS 54.8 against 59.5), float32 rows whose x starts at y's offsets, which the chunked
-// offset-row kernel reads in y's grid with no realignment (18120x5818 padded LN 259.7 against 284.9, session 42's
-// sweeps), rows of 256-1024 (a block a row: fp32 100000x257 RMS 58 against 76 on the warp-row kernel).
+// (inside what the offset-row kernels cover, so the solver's family of such a call is unchanged), in calls that are not
+// latency-bound (strided_small_call: the strided kernel's), 4 granules a thread. Since session 45 the float32 rows go
+// to the strided kernel's fixed blocks (strided_takes_f32_rows): it plans 2-byte rows only. H200, us, same process,
+// against the kernels planned before (strided for float16, chunked offset-row for bfloat16, the row kernel's scalar
+// path for shifted float32 rows; results/h200-strided-rows.txt): RMS fp16 16384x4096 off1 127.4 -> 80.9 (torch.compile
+// 81.5), LN fp16 15209x12001 453 -> 304, 8000x1100 off3 RMS 25.9 -> 20.7, RMS bf16 16384x4097 119.8 -> 86.1, 30000x2049
+// off1 116.7 -> 88.9, 1762x4744 off3 19.8 -> 14.7, LN 20000x8191 381.5 -> 288.2, RMS fp32 28532x3938 off2 286.4 ->
+// 249.3 (252.6), LN fp32 4000x6000 off1 70.3 -> 66.9; LN fp16 100000x1535 level. Left to the others: bf16 rows under
+// 2048 (100000x1025 LN 248 against 305, 11231x1997 41 against 48: fewer bytes in flight a thread on small blocks),
+// float32 rows of 32 KB (3000x8000 off1 RMS 54.8 against 59.5), float32 rows whose x starts at y's offsets, which the
+// chunked offset-row kernel reads in y's grid with no realignment (18120x5818 padded LN 259.7 against 284.9, session
+// 42's sweeps), rows of 256-1024 (a block a row: fp32 100000x257 RMS 58 against 76 on the warp-row kernel).
 // FASTNORM_GRANULE_ROWS=0 / 1 (read at each call, for tests and A/B runs): never / every call of 256+ elements it can
 // hold, at FASTNORM_GRANULE_ROW_K granules a thread (1, 2 or 4; default 4); set, FASTNORM_STRIDED_ROWS or
 // FASTNORM_OFFSET_ROWS leave the call to the kernel they force.

@@ -733,8 +733,9 @@ static inline const void* warp_rows_kernel_of(int k, int lanes, bool more_blocks
         if (lanes == 16) return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K), 16>);
       }
       if constexpr (kWarpRowMoreBlocks<T>(K)) {
+        constexpr int kMore = kWarpRowMoreBlocksPerSm;
         if (lanes == 32 && more_blocks)
-          return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K), 32, kWarpRowMoreBlocksPerSm>);
+          return reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K), 32, kMore>);
       }
       return lanes == 32 ? reinterpret_cast<const void*>(warp_rows_kernel<T, W, K, warp_rows_at_once(K)>) : nullptr;
     }
