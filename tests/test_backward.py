@@ -298,13 +298,19 @@ CHANNEL_LAYOUTS = [
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("layout", CHANNEL_LAYOUTS, ids=lambda l: f"{'x'.join(map(str, l[0]))}-d{l[1]}")
-@pytest.mark.parametrize("path", ["planned", "two-kernel", "k2", "k1"])
+@pytest.mark.parametrize("path", ["planned", "two-kernel", "staged", "staged-k2", "staged-k1", "register",
+                                  "register-k1"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
 def test_channel_backward_paths(monkeypatch, layout, path, dtype):
-    """Every channel backward path (FASTNORM_CHANNEL_BWD: 0 the two-kernel path, 2 / 1 the fused kernel
-    with at most that many channels a thread) against float64, LayerNorm and RMSNorm, x + 100 included."""
-    if path != "planned":
-        monkeypatch.setenv("FASTNORM_CHANNEL_BWD", {"two-kernel": "0", "k2": "2", "k1": "1"}[path])
+    """Every channel backward path (FASTNORM_CHANNEL_BWD: 0 the two-kernel path, 2 / 1 the fused kernels
+    with at most that many channels a thread; FASTNORM_CHANNEL_STAGED: 1 the fused kernel that stages its
+    tiles in shared memory, 0 the one holding them in registers) against float64, LayerNorm and RMSNorm,
+    x + 100 included."""
+    bwd = {"two-kernel": "0", "staged-k2": "2", "staged-k1": "1", "register-k1": "1"}.get(path)
+    if bwd is not None:
+        monkeypatch.setenv("FASTNORM_CHANNEL_BWD", bwd)
+    if path.startswith(("staged", "register")):
+        monkeypatch.setenv("FASTNORM_CHANNEL_STAGED", "1" if path.startswith("staged") else "0")
     shape, begin, end = layout
     for rms in (False, True):
         run_case("cuda", shape, begin, end, dtype, affine=True, rms=rms)

@@ -728,6 +728,30 @@ def test_channel_axis_misaligned(shape, offset, dtype):
     check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,pad,start", [((3, 16, 8, 64), 16, 0), ((2, 5, 6, 33), 3, 0), ((2, 4, 7, 40), 8, 1),
+                                             ((3, 16, 4, 24), 8, 2), ((2, 3, 1, 3, 8), 8, 0), ((2, 40, 5, 32), 16, 0)])
+@pytest.mark.parametrize("copied", ["0", "1"], ids=["in_place", "copied"])
+def test_channel_axis_padded_rows(shape, pad, start, dtype, copied, monkeypatch):
+    """Channel calls over x[..., start:start + W] of rows W + pad long, x's last dim: the column kernel (n <= 16) reads
+    them in place (each access width that W, W + pad and the start allow: 16, 8 or 4 bytes, one element; a size-1 dim
+    among the rows), the tile kernels (n = 40) and, with FASTNORM_PADDED_ROWS=0, every call a contiguous copy. The
+    padding holds 1e4, which a wrong index picks up; LayerNorm also about x + 100."""
+    if copied == "1":
+        monkeypatch.setenv("FASTNORM_PADDED_ROWS", "0")
+    width = shape[-1]
+    base = make(shape[:-1] + (width + pad,), dtype, "randn", seed=width + pad + start)
+    base[..., :start] = 1e4
+    base[..., start + width:] = 1e4
+    x = base[..., start:start + width]
+    w, b = params(shape[1:2], dtype, True, seed=pad)
+    check(run_op(x, 1, 2, w, b, 1e-5, False), reference(x, 1, 2, w, b, 1e-5, False), dtype, x)
+    check(run_op(x, 1, 2, w, None, 1e-5, True), reference(x, 1, 2, w, None, 1e-5, True), dtype, x)
+    if dtype == torch.float32:
+        far = (base + 100)[..., start:start + width]
+        check(run_op(far, 1, 2, w, b, 1e-5, False), reference(far, 1, 2, w, b, 1e-5, False), dtype, far)
+
+
 @pytest.mark.parametrize("params_smem", ["1", "0"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_channel_tiles_params(dtype, params_smem, monkeypatch):

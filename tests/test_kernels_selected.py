@@ -123,7 +123,7 @@ def _all_want_symbols_in_sources() -> set:
 
 
 def test_the_package_build_defines_every_guard_and_the_selection_knows_them_all():
-    defaults = set(re.findall(r"#define (FASTNORM_WANT_\w+)", (KERNELS_DIR / "kernel_set.h").read_text()))
+    defaults = set(re.findall(r"#define (FASTNORM_WANT_\w+)", (KERNELS_DIR / "kernel_wants.h").read_text()))
     assert _all_want_symbols_in_sources() == defaults
     for device_type in ("cpu", "cuda"):
         symbols = KernelSelection.everything(device_type).symbols()

@@ -82,7 +82,7 @@ def test_the_emitted_device_code_compiles_for_sm90(name, plans, tmp_path):
     source = plan.render("cuda", selection=kernel_needs.selection_for(record_calls(plan), "cuda", H100))
     namespace = {}
     for node in ast.parse(source).body:  # the source strings only; nothing is built
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_CUDA_SOURCE":
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in ("_SHARED_SOURCE", "_CUDA_SOURCE"):
             exec(compile(ast.Module([node], []), "<solution>", "exec"), namespace)
     (tmp_path / "kernels.cu").write_text(namespace["_CUDA_SOURCE"])
     done = subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90", "--expt-relaxed-constexpr", "-Xptxas", "-v",

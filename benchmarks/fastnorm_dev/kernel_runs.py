@@ -177,6 +177,13 @@ def _sanitize_channels(ext, dtype):
             fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
             fastnorm.layer_norm(x, None, torch.rand(shape[1], device="cuda", dtype=dtype), None, dim=1)
     os.environ.pop("FASTNORM_CHANNEL_COLUMN_MAX", None)
+    # Padded rows (x[..., :W] of rows W + pad), read in place by the column kernel: 16-byte accesses, odd widths, a
+    # start one element in; the last row of the last image ends at the buffer's end but for its padding.
+    for shape, pad, start in [((3, 16, 8, 64), 16, 0), ((2, 5, 6, 33), 3, 0), ((2, 4, 7, 40), 8, 1)]:
+        base = torch.randn(shape[:-1] + (shape[-1] + pad,), device="cuda", dtype=dtype)
+        x = base[..., start:start + shape[-1]]
+        fastnorm.rms_norm(x, None, None, 1e-5, dim=1)
+        fastnorm.layer_norm(x, None, torch.rand(shape[1], device="cuda", dtype=dtype), None, dim=1)
 
 
 def _sanitize_family(ext, dtype):
@@ -235,10 +242,14 @@ def _sanitize_backward(ext, dtype):
     # columns) and, past its n or forced by FASTNORM_CHANNEL_BWD=0, the two channel kernels.
     # Row backward: many rows a block, so that its ring of 2-4 row buffers wraps (FASTNORM_ROW_BWD_STAGES);
     # the 2-byte rows' 16-element kernels instead of those holding g and xhat (FASTNORM_ROW_BWD_HOLD=0).
+    # The channel tile kernels, staged and in registers (FASTNORM_CHANNEL_STAGED=1 / 0), the ring wrapping
+    # (16x32x64x64).
     for shape, dim in [((7, 1024), 1), ((5, 33), 1), ((3, 20000), 1), ((2, 64, 33, 64), 1), ((2, 100, 16, 20), 1),
-                       ((3, 7, 5, 9), 1), ((2, 200, 8, 16), 1), ((3000, 256), 1), ((1000, 40), 1)]:
-        for force in ("", "0"):
+                       ((3, 7, 5, 9), 1), ((2, 200, 8, 16), 1), ((3000, 256), 1), ((1000, 40), 1),
+                       ((16, 32, 64, 64), 1)]:
+        for force, staged in (("", "1"), ("0", ""), ("", "0")):
             os.environ["FASTNORM_CHANNEL_BWD"] = force
+            os.environ["FASTNORM_CHANNEL_STAGED"] = staged
             os.environ["FASTNORM_ROW_BWD_STAGES"] = "3" if force else ""
             os.environ["FASTNORM_ROW_BWD_HOLD"] = force
             x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
@@ -248,6 +259,7 @@ def _sanitize_backward(ext, dtype):
             y = fastnorm.rms_norm(x, None, w, 1e-5, dim=dim) if len(shape) > 2 else fastnorm.rms_norm(x, shape[-1:], w)
             y.backward(torch.randn_like(y))
     os.environ.pop("FASTNORM_CHANNEL_BWD", None)
+    os.environ.pop("FASTNORM_CHANNEL_STAGED", None)
     os.environ.pop("FASTNORM_ROW_BWD_STAGES", None)
     os.environ.pop("FASTNORM_ROW_BWD_HOLD", None)
     # Row backward blocks of 640 threads (5120 bf16), rows split over clusters of blocks (2, 3 forced

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "binding.h"
+#include "kernel_wants.h"  // FASTNORM_WANT_CHANNEL: padded channel rows read in place
 #include "norm_backward_params.h"
 #include "norm_params.h"
 
@@ -124,10 +125,36 @@ NormCall prepare_call(const at::Tensor& x, const c10::optional<at::Tensor>& weig
   return c;
 }
 
+#if defined(FASTNORM_CUDA) && defined(FASTNORM_WANT_CHANNEL)
+// The row stride of x's tail when it is rows of its last dim padded (x[..., :W] of a wider buffer, dims [begin, ndim)
+// laid out contiguously but for the last dim's padding); 0 otherwise.
+int64_t padded_row_stride(const at::Tensor& x, int64_t begin) {
+  const int64_t last = x.dim() - 1;
+  if (last <= begin || x.stride(last) != 1) return 0;
+  int64_t row = 0, expected = 0;
+  for (int64_t d = last - 1; d >= begin; --d) {
+    if (x.size(d) == 1) continue;
+    if (row == 0) row = expected = x.stride(d);
+    if (x.stride(d) != expected) return 0;
+    expected *= x.size(d);
+  }
+  return row > x.size(last) ? row : 0;
+}
+#endif
+
 // x as the kernels read it: in place when its rows (outer indices) are evenly strided over a
-// contiguous tail, else a contiguous copy; and the stride between outer indices.
-std::pair<at::Tensor, int64_t> strided_input(const at::Tensor& x, int64_t begin_dim, int64_t tail_numel) {
+// contiguous tail, else a contiguous copy; and the stride between outer indices. With row_stride (a
+// channel call's forward), also in place over a tail of padded rows, their stride set there.
+std::pair<at::Tensor, int64_t> strided_input(const at::Tensor& x, int64_t begin_dim, int64_t tail_numel,
+                                             int64_t* row_stride = nullptr) {
   int64_t outer_stride = tail_contiguous(x, begin_dim) ? collapsed_outer_stride(x, begin_dim, tail_numel) : -1;
+#if defined(FASTNORM_CUDA) && defined(FASTNORM_WANT_CHANNEL)
+  if (outer_stride < 0 && row_stride) {
+    const int64_t rs = padded_row_stride(x, begin_dim), w = x.size(x.dim() - 1);
+    outer_stride = rs > 0 ? collapsed_outer_stride(x, begin_dim, tail_numel / w * rs) : -1;
+    if (outer_stride >= 0) *row_stride = rs;
+  }
+#endif
   if (outer_stride < 0) return {x.contiguous(), tail_numel};
   return {x, outer_stride};
 }
@@ -168,10 +195,12 @@ at::Tensor forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
 #endif
   at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.numel() == 0) return y;
-  const auto [xc, outer_stride] = strided_input(x, begin_dim, c.n * c.inner);
+  int64_t row_stride = 0;  // (the CUDA channel column kernel reads padded rows in place)
+  const auto [xc, outer_stride] = strided_input(x, begin_dim, c.n * c.inner, c.inner > 1 ? &row_stride : nullptr);
 
   NormParams p{};
   describe_call(p, c, xc, outer_stride, eps, rms);
+  if (row_stride > 0) p.x_row = x.size(x.dim() - 1), p.x_row_stride = row_stride;
   p.y = y.data_ptr();
   p.bias = c.b.defined() ? c.b.data_ptr() : nullptr;
   p.threads = static_cast<int>(threads);
@@ -189,6 +218,13 @@ at::Tensor forward(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
     p.workspace_bytes = ws_bytes;
   }
   const char* err = fastnorm_cuda_forward(p, c10::cuda::getCurrentCUDAStream().stream());
+#ifdef FASTNORM_WANT_CHANNEL
+  if (err != nullptr && std::string(err) == FASTNORM_PADDED_ROWS_NOT_TAKEN) {
+    const at::Tensor contiguous = x.contiguous();
+    p.x = contiguous.data_ptr(), p.x_outer_stride = c.n * c.inner, p.x_row = p.x_row_stride = 0;
+    err = fastnorm_cuda_forward(p, c10::cuda::getCurrentCUDAStream().stream());
+  }
+#endif
 #else
   const char* err = fastnorm_cpu_forward(p);
 #endif

@@ -23,6 +23,9 @@ struct StridedArgs {
   double eps;
   int tx;  // threads along inner; blockDim.x / tx threads along the reduced axis
   int rms;
+  // The column kernel: x's tail as rows of x_row elements x_row + x_pad apart (NormParams::x_row_stride; x_pad 0: a
+  // contiguous tail), x_channel apart between channels.
+  int64_t x_row, x_pad, x_channel;
 };
 
 // Combine per-column statistics across the tyn thread rows of a block (a tree in shared memory,
@@ -332,12 +335,13 @@ __global__ void __launch_bounds__(256, kN <= kFewColumnChannels ? 4 : 1) strided
   const int64_t columns = a.outer * inner_vec;
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < columns; c += int64_t(gridDim.x) * blockDim.x) {
     const int64_t o = c / inner_vec, col = (c - o * inner_vec) * VEC;
-    const T* xo = a.x + o * a.x_outer_stride + col;
+    // Padded rows: column col lies in row col / x_row of x's tail (VEC divides x_row: a vector stays in its row).
+    const T* xo = a.x + o * a.x_outer_stride + col + (a.x_pad ? col / a.x_row * a.x_pad : 0);
     T* yo = a.y + o * a.n * a.inner + col;
     V r[kN];
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
-      if (j < n) r[j] = load_vec<true>(reinterpret_cast<const V*>(xo + j * a.inner));
+      if (j < n) r[j] = load_vec<true>(reinterpret_cast<const V*>(xo + j * a.x_channel));
     }
     A shift[VEC], sum[VEC];
     widen(r[0].v, shift);
@@ -413,7 +417,9 @@ static inline const char* launch_strided(const NormParams& p, cudaStream_t strea
   const Device dev = device_info();
   const int threads = 256;
   StridedArgs<T, W> a{static_cast<const T*>(p.x), static_cast<T*>(p.y), static_cast<const W*>(p.weight),
-                      static_cast<const W*>(p.bias), p.outer, p.n, p.inner, p.x_outer_stride, p.eps, 1, p.rms};
+                      static_cast<const W*>(p.bias), p.outer, p.n, p.inner, p.x_outer_stride, p.eps, 1, p.rms,
+                      p.x_row, p.x_row_stride > 0 ? p.x_row_stride - p.x_row : 0,
+                      p.x_row_stride > 0 ? p.inner / p.x_row * p.x_row_stride : p.inner};
   if (uses_columns(p)) {
     const int64_t columns = p.outer * (p.inner / VEC);
     const int64_t blocks = (columns + threads - 1) / threads, cap = int64_t(dev.sms) * 64;
@@ -476,7 +482,7 @@ static inline int channel_vec(const NormParams& p) {
   const auto aligned = [](const void* q, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(q) & (bytes - 1)) == 0; };
   for (int vec = 16 / int(sizeof(T)); vec > 1; vec /= 2) {
     if (aligned(p.x, uintptr_t(vec) * sizeof(T)) && aligned(p.y, uintptr_t(vec) * sizeof(T)) && p.inner % vec == 0 &&
-        p.x_outer_stride % vec == 0) {
+        p.x_outer_stride % vec == 0 && (p.x_row_stride == 0 || (p.x_row % vec == 0 && p.x_row_stride % vec == 0))) {
       return vec;
     }
   }
@@ -489,10 +495,20 @@ static inline int channel_vec(const NormParams& p) {
 template <typename T, typename W, int VEC = 16 / sizeof(T)>
 static inline const char* launch_channels(const NormParams& p, cudaStream_t stream, int vec = 0) {
   if (vec == 0) {
+    // Padded rows (NormParams::x_row_stride): the column kernel reads them in place (H200, same process, against
+    // the copy: bf16 LN 76x16x512x512 padded to 528 1182 -> 486 us, fp16 LN 256x11x224x224 padded to 229 486 ->
+    // 407, 256x4x7x7 to 12 7.65 -> 4.29); the tile kernels take a contiguous copy. FASTNORM_PADDED_ROWS=0 (read at
+    // each call, for tests and A/B runs): the copy for all.
+    if (p.x_row_stride > 0 && (!uses_columns(p) || env_int("FASTNORM_PADDED_ROWS", 1) == 0)) {
+      return FASTNORM_PADDED_ROWS_NOT_TAKEN;
+    }
     vec = channel_vec<T>(p);
     const int64_t enough = int64_t(device_info().sms) * 256;
     if (uses_columns(p)) {
       while (vec > 1 && p.outer * (p.inner / vec) < enough) vec /= 2;
+      // bfloat16 on the 16-channel instance: 8-byte vectors (its 16-byte one holds 255 registers, one block an SM;
+      // float16's 124). H200, same process: LN 76x16x512x512 469.7 -> 420.8 us, padded to 528 485.8 -> 438.8.
+      if (std::is_same<T, __nv_bfloat16>::value && p.n > kFewColumnChannels) vec = std::min(vec, 4);
     }
   }
   if constexpr (VEC > 1) {

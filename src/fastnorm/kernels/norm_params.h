@@ -41,7 +41,13 @@ struct NormParams {
   // to read instead of recomputing the statistics. Set only where fastnorm_cuda_saves_stats says one of
   // them takes the call; any other kernel answers an error rather than leave it unwritten.
   void* stats;
+  // Channel calls (inner > 1) over a view whose last dim is padded (x[..., :W] of a wider buffer): the tail is rows
+  // of x_row = W elements x_row_stride apart; 0 where it is contiguous. Kernels that do not read x so return
+  // FASTNORM_PADDED_ROWS_NOT_TAKEN, and the caller passes a contiguous copy.
+  int64_t x_row, x_row_stride;
 };
 
 // What a forward returns when it does not fuse the residual add for this call.
 #define FASTNORM_RESIDUAL_NOT_FUSED "residual add not fused for this call"
+// What a forward returns when its kernel does not read x's padded rows in place (NormParams::x_row_stride).
+#define FASTNORM_PADDED_ROWS_NOT_TAKEN "padded rows not read in place for this call"

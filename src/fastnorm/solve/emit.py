@@ -6,6 +6,7 @@ non-norm op stay exactly the reference's. Module-level names the class uses (imp
 constants) are copied along; nothing else from the reference file is.
 """
 import ast
+import difflib
 import hashlib
 import inspect
 import math
@@ -31,7 +32,9 @@ CUDA_CFLAGS = ["-O3", "--expt-relaxed-constexpr"]
 _PROBLEM_ONLY = {"get_inputs", "get_init_inputs"}
 # Module-level names of the solution file itself.
 LOAD_OPTIONS = "_LOAD_OPTIONS"  # load_inline's keyword arguments that not every torch has
-RESERVED_NAMES = {"THREADS", "BLOCKS_PER_ROW", "_ext", "_CPP_SOURCE", "_CUDA_SOURCE", LOAD_OPTIONS, "load_inline",
+SHARED_SOURCE = "_SHARED_SOURCE"  # the text the C++ and CUDA sources share (their parameter structs), written once
+RESERVED_NAMES = {"THREADS", "BLOCKS_PER_ROW", "_ext", "_CPP_SOURCE", "_CUDA_SOURCE", SHARED_SOURCE, LOAD_OPTIONS,
+                  "load_inline",
                   "inspect", "ModelNew"} | set(fused_helpers.HELPERS) | set(fused_helpers.SUPPORT)
 
 
@@ -226,6 +229,22 @@ def _string_literal(text: str) -> str:
     return "(\n" + "".join(f"    {line!r}\n" for line in text.splitlines(keepends=True)) + ")"
 
 
+def _shared_lines(cpp: str, cuda: str, least: int = 400) -> Optional[tuple]:
+    """The longest run of whole lines both sources hold (the parameter structs and macros both include), where it is
+    worth a string of its own: (shared, C++ source before and after it, CUDA source before and after it)."""
+    a, b = cpp.splitlines(keepends=True), cuda.splitlines(keepends=True)
+    m = difflib.SequenceMatcher(None, a, b, autojunk=False).find_longest_match(0, len(a), 0, len(b))
+    shared = "".join(a[m.a:m.a + m.size])
+    if len(shared) < least:
+        return None
+    return (shared, "".join(a[:m.a]), "".join(a[m.a + m.size:]), "".join(b[:m.b]), "".join(b[m.b + m.size:]))
+
+
+def _source_expression(before: str, after: str) -> str:
+    """A source as the shared text between its own parts: `r\"\"\"...\"\"\" + _SHARED_SOURCE + r\"\"\"...\"\"\"`."""
+    return " + ".join([_string_literal(before)] * bool(before) + [SHARED_SOURCE] + [_string_literal(after)] * bool(after))
+
+
 def extension_name(device_type: str, cpp: str, cuda: Optional[str], functions=None) -> str:
     """Build name with a hash of everything that goes into the build: solutions with different kernels
     or bound functions never share a cached build, identical ones share it."""
@@ -256,13 +275,16 @@ def kernel_block(device_type: str, kernel_sources=None, functions=None,
     if selection is not None:
         lines += [f"# What the calls traced on the problem's inputs need: {selection.describe()}.",
                   "# Another dtype, or a shape the planner gives another family, fails with \"not in this build\"."]
-    lines += [
-        "",
-        f"_CPP_SOURCE = {_string_literal(cpp)}",
-        "",
-    ]
-    if cuda:
-        lines += [f"_CUDA_SOURCE = {_string_literal(cuda)}", ""]
+    split = _shared_lines(cpp, cuda) if cuda else None
+    if split:
+        shared, cpp_before, cpp_after, cuda_before, cuda_after = split
+        lines += ["", f"{SHARED_SOURCE} = {_string_literal(shared)}", "",
+                  f"_CPP_SOURCE = {_source_expression(cpp_before, cpp_after)}", "",
+                  f"_CUDA_SOURCE = {_source_expression(cuda_before, cuda_after)}", ""]
+    else:
+        lines += ["", f"_CPP_SOURCE = {_string_literal(cpp)}", ""]
+        if cuda:
+            lines += [f"_CUDA_SOURCE = {_string_literal(cuda)}", ""]
     if selection is not None:
         lines += [
             "# The sources include the little of torch they use: load_inline's blanket torch/extension.h",
