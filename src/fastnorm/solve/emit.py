@@ -34,8 +34,7 @@ _PROBLEM_ONLY = {"get_inputs", "get_init_inputs"}
 LOAD_OPTIONS = "_LOAD_OPTIONS"  # load_inline's keyword arguments that not every torch has
 SHARED_SOURCE = "_SHARED_SOURCE"  # the text the C++ and CUDA sources share (their parameter structs), written once
 RESERVED_NAMES = {"THREADS", "BLOCKS_PER_ROW", "_ext", "_CPP_SOURCE", "_CUDA_SOURCE", SHARED_SOURCE, LOAD_OPTIONS,
-                  "load_inline",
-                  "inspect", "ModelNew"} | set(fused_helpers.HELPERS) | set(fused_helpers.SUPPORT)
+                  "load_inline", "inspect", "ModelNew"} | set(fused_helpers.HELPERS) | set(fused_helpers.SUPPORT)
 
 
 def _stdlib_modules() -> set:
@@ -241,8 +240,9 @@ def _shared_lines(cpp: str, cuda: str, least: int = 400) -> Optional[tuple]:
 
 
 def _source_expression(before: str, after: str) -> str:
-    """A source as the shared text between its own parts: `r\"\"\"...\"\"\" + _SHARED_SOURCE + r\"\"\"...\"\"\"`."""
-    return " + ".join([_string_literal(before)] * bool(before) + [SHARED_SOURCE] + [_string_literal(after)] * bool(after))
+    """A source written as `before + _SHARED_SOURCE + after`, its own parts as literals (left out where empty)."""
+    parts = [_string_literal(before)] * bool(before) + [SHARED_SOURCE] + [_string_literal(after)] * bool(after)
+    return " + ".join(parts)
 
 
 def extension_name(device_type: str, cpp: str, cuda: Optional[str], functions=None) -> str:
