@@ -37,9 +37,9 @@ def test_plain_calls_match_the_op(ext, dtype):
     assert y is not None and torch.equal(y, torch.ops.fastnorm.layer_norm(x4, 1, 2, w[:8].contiguous(), None, 1e-5))
 
 
-def test_public_functions_use_it(ext, monkeypatch):
-    x, w, b = _inputs()
-    fastnorm.layer_norm(x, (40,), w, b)  # loads the extension if no test did yet
+def spy_on_extension(ext, monkeypatch):
+    """The names the Python functions look up on the loaded CPU extension from now on, in order."""
+    from fastnorm.ops import functional
     seen = []
 
     class Spy:
@@ -47,8 +47,14 @@ def test_public_functions_use_it(ext, monkeypatch):
             seen.append(name)
             return getattr(ext, name)
 
-    from fastnorm.ops import functional
     monkeypatch.setitem(functional._built, "cpu", Spy())
+    return seen
+
+
+def test_public_functions_use_it(ext, monkeypatch):
+    x, w, b = _inputs()
+    fastnorm.layer_norm(x, (40,), w, b)  # loads the extension if no test did yet
+    seen = spy_on_extension(ext, monkeypatch)
     fastnorm.layer_norm(x, (40,), w, b)
     fastnorm.rms_norm(x, (40,), w, 1e-5)
     assert seen == ["try_layer_norm", "try_rms_norm"]

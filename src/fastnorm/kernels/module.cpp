@@ -1,5 +1,6 @@
 // The extension's Python module: norm_forward, norm_backward, the family's forwards, the fast entries behind
-// fastnorm.layer_norm / rms_norm and their eager autograd (CppNormFunction). Not part of
+// fastnorm.layer_norm / rms_norm and their eager autograd (CppNormFunction), and the CPU fast entries behind
+// fastnorm.group_norm / batch_norm with theirs (CppFamilyFunction). Not part of
 // single-file solutions (load_inline writes its own module).
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "binding.h"
+#include "family_params.h"
 
 namespace fastnorm {
 
@@ -108,6 +110,71 @@ struct CppNormFunction : public torch::autograd::Function<CppNormFunction> {
       if ((grad && t->requires_grad()) || t->key_set().has_any(wrapper_keys())) return false;
     }
     return true;
+  }
+};
+
+// The autograd of a plain eager CPU call of fastnorm.group_norm (mode FN_BWD_GROUPS; InstanceNorm is groups
+// = C) or batch_norm in training (FN_BWD_BATCH) that records gradients: the op's register_autograd backward
+// (ops/family_ops.py) in C++, with the same kernels and results, without its Python host time (on the 2-core
+// CPU a 16x32x8x8 GroupNorm step took 462 us through the op against eager's 124). Outputs (y, mean, var), the
+// statistics not differentiable. Backward: family_backward straight (the fast entry takes only planes of
+// kMinKernelPlane+ elements, where the op's backward takes the kernels too); a backward that is itself
+// recorded (double backward) or intercepted goes to family_ops.family_backward_fallback, the op's torch-op
+// formula.
+struct CppFamilyFunction : public torch::autograd::Function<CppFamilyFunction> {
+  static constexpr int64_t kMinKernelPlane = 32;  // family_ops._MIN_KERNEL_PLANE
+
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const c10::optional<at::Tensor>& weight,
+                                                const c10::optional<at::Tensor>& bias, int64_t groups, double eps,
+                                                int64_t activation, int64_t mode) {
+    std::vector<at::Tensor> out = mode == FN_BWD_GROUPS
+                                      ? group_norm_forward(x, weight, bias, groups, eps, activation)
+                                      : batch_norm_forward(x, weight, bias, c10::nullopt, c10::nullopt, eps);
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["activation"] = activation;
+    ctx->saved_data["mode"] = mode;
+    ctx->save_for_backward({x, weight.value_or(at::Tensor()), bias.value_or(at::Tensor()), out[1], out[2]});
+    ctx->mark_non_differentiable({out[1], out[2]});
+    ctx->set_materialize_grads(false);  // no zero gradients made for the statistics
+    return {out[0], out[1], out[2]};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::autograd::variable_list result(7);  // x, weight, bias, groups, eps, activation, mode
+    const at::Tensor& dy = grads[0];
+    if (!dy.defined()) return result;  // only the statistics were used
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &b = saved[2], &mean = saved[3], &var = saved[4];
+    const bool need_dx = ctx->needs_input_grad(0);  // indices count the tensors given, as CppNormFunction's
+    const bool need_dw = w.defined() && ctx->needs_input_grad(1);
+    const bool need_db = b.defined() && ctx->needs_input_grad(w.defined() ? 2 : 1);
+    const int64_t groups = ctx->saved_data["groups"].toInt(), activation = ctx->saved_data["activation"].toInt();
+    const int64_t mode = ctx->saved_data["mode"].toInt();
+    const double eps = ctx->saved_data["eps"].toDouble();
+    if (CppNormFunction::direct_backward(dy, x, w, b)) {
+      std::vector<at::Tensor> g =
+          family_backward(dy, x, w.defined() ? c10::optional<at::Tensor>(w) : c10::nullopt,
+                          b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt, mean, var, groups, eps,
+                          activation, mode, need_dx, need_dw, need_db);
+      result[0] = std::move(g[0]);
+      if (need_dw) result[1] = CppNormFunction::as_param(std::move(g[1]), w);
+      if (need_db) result[2] = CppNormFunction::as_param(std::move(g[2]), b);
+      return result;
+    }
+    py::gil_scoped_acquire gil;
+    // Leaked on purpose: a static py::object would be released after the interpreter has gone.
+    static PyObject* fallback =
+        py::object(py::module_::import("fastnorm.ops.family_ops").attr("family_backward_fallback")).release().ptr();
+    auto arg = [](const at::Tensor& t) { return t.defined() ? py::cast(t) : py::none(); };
+    py::tuple g = py::reinterpret_borrow<py::object>(fallback)(
+        dy, x, arg(w), arg(b), mean, var, groups, eps, activation, mode, py::make_tuple(need_dx, need_dw, need_db));
+    for (int i = 0; i < 3; ++i) {
+      if (!g[i].is_none()) result[i] = g[i].cast<at::Tensor>();
+    }
+    return result;
   }
 };
 
@@ -222,6 +289,133 @@ py::object try_norm(py::handle x_obj, py::handle shape_obj, py::handle dim_obj, 
   return py::cast(norm_forward(*x, params[0], params[1], begin, end, eps, rms, 0, 0));
 }
 
+// A per-channel tensor (weight, bias, running statistics) of a plain family call: none, or a plain tensor of
+// shape (C,) on x's device in x's dtype or its accumulator's (what the kernels take unconverted; ops/
+// family_functional.py converts the others).
+bool channel_tensor(PyObject* obj, const at::Tensor& x, bool grad_mode, bool* grad, c10::optional<at::Tensor>* out) {
+  if (obj == Py_None) return true;
+  const at::Tensor* t = nullptr;
+  if (!plain_tensor(obj, grad_mode, &t, grad) || t->dim() != 1 || t->size(0) != x.size(1) || t->device() != x.device()) {
+    return false;
+  }
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (t->scalar_type() != x.scalar_type() && t->scalar_type() != acc) return false;
+  *out = *t;
+  return true;
+}
+
+// x of a plain family call, (N, C, *spatial) with at least one element: the checks of try_norm (CPU build
+// only: the CUDA build's family calls keep the Python path until this has run on a GPU).
+bool family_input(PyObject* obj, bool grad_mode, const at::Tensor** x, bool* grad) {
+#ifdef FASTNORM_CUDA
+  return false;
+#else
+  return plain_tensor(obj, grad_mode, x, grad) && c10::impl::TorchDispatchModeTLS::stack_len() == 0 &&
+         (*x)->is_cpu() && float_dtype((*x)->scalar_type()) && (*x)->dim() >= 2 && (*x)->numel() > 0;
+#endif
+}
+
+int64_t plane_size(const at::Tensor& x) {
+  int64_t s = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) s *= x.size(d);
+  return s;
+}
+
+// y of group_norm_forward / batch_norm_forward's outputs, through CppFamilyFunction where the call records
+// gradients (None where the backward would not take the kernels: short planes, or a context the Function
+// must not be recorded in).
+py::object family_call(const at::Tensor& x, const c10::optional<at::Tensor>& w, const c10::optional<at::Tensor>& b,
+                       int64_t groups, double eps, int64_t activation, int64_t mode, bool grad,
+                       std::vector<at::Tensor>* out) {
+  if (grad) {
+    if (!fastnorm::function_context_ok() || plane_size(x) < fastnorm::CppFamilyFunction::kMinKernelPlane) {
+      return py::none();
+    }
+    *out = fastnorm::CppFamilyFunction::apply(x, w, b, groups, eps, activation, mode);
+  } else {
+    *out = mode == FN_BWD_GROUPS ? group_norm_forward(x, w, b, groups, eps, activation)
+                                 : batch_norm_forward(x, w, b, c10::nullopt, c10::nullopt, eps);
+  }
+  return py::cast((*out)[0]);
+}
+
+// The fast entry behind fastnorm.group_norm with weight or bias or an activation (try_norm's contract: it
+// declines what the Python path must see, and never raises for bad input).
+py::object try_group_norm(py::handle x_obj, py::handle groups_obj, py::handle w_obj, py::handle b_obj,
+                          py::handle eps_obj, py::handle act_obj) {
+  const bool grad_mode = at::GradMode::is_enabled();
+  bool grad = false;
+  const at::Tensor* x = nullptr;
+  if (!family_input(x_obj.ptr(), grad_mode, &x, &grad) || !PyLong_CheckExact(groups_obj.ptr()) ||
+      !PyFloat_CheckExact(eps_obj.ptr())) {
+    return py::none();
+  }
+  int64_t activation = FN_ACT_NONE;
+  if (!act_obj.is_none()) {
+    if (!PyUnicode_CheckExact(act_obj.ptr()) || py::cast<std::string>(act_obj) != "silu") return py::none();
+    activation = FN_ACT_SILU;
+  }
+  const int64_t groups = PyLong_AsLongLong(groups_obj.ptr());
+  if (PyErr_Occurred()) return PyErr_Clear(), py::none();
+  const int64_t channels = x->size(1);
+  if (groups <= 0 || channels % groups != 0 || x->size(0) * (channels / groups) * plane_size(*x) == 1) {
+    return py::none();
+  }
+  c10::optional<at::Tensor> w, b;
+  if (!channel_tensor(w_obj.ptr(), *x, grad_mode, &grad, &w) || !channel_tensor(b_obj.ptr(), *x, grad_mode, &grad, &b) ||
+      (!w && !b && activation == FN_ACT_NONE)) {  // no parameters: group_norm takes the LayerNorm kernels
+    return py::none();
+  }
+  std::vector<at::Tensor> out;
+  return family_call(*x, w, b, groups, PyFloat_AS_DOUBLE(eps_obj.ptr()), activation, FN_BWD_GROUPS, grad, &out);
+}
+
+// running <- lerp(running, stat * correction, momentum), as family_functional._update_running does it for
+// float32 / float64 buffers (the same operations, so the same bits).
+void update_running(const c10::optional<at::Tensor>& running, const at::Tensor& stat, double momentum,
+                    double correction) {
+  if (!running) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor s = correction != 1.0 ? stat.mul(correction) : stat;
+  running->lerp_(s.to(running->scalar_type()), momentum);
+}
+
+// The fast entry behind fastnorm.batch_norm in training (batch statistics; running statistics, when given,
+// float32 / float64 buffers updated in place).
+py::object try_batch_norm(py::handle x_obj, py::handle rm_obj, py::handle rv_obj, py::handle w_obj, py::handle b_obj,
+                          py::handle training_obj, py::handle momentum_obj, py::handle eps_obj) {
+  const bool grad_mode = at::GradMode::is_enabled();
+  bool grad = false;
+  const at::Tensor* x = nullptr;
+  if (training_obj.ptr() != Py_True || !family_input(x_obj.ptr(), grad_mode, &x, &grad) ||
+      !PyFloat_CheckExact(momentum_obj.ptr()) || !PyFloat_CheckExact(eps_obj.ptr())) {
+    return py::none();
+  }
+  const double eps = PyFloat_AS_DOUBLE(eps_obj.ptr()), momentum = PyFloat_AS_DOUBLE(momentum_obj.ptr());
+  const int64_t count = x->size(0) * plane_size(*x);
+  if (count <= 1 || !(eps > 0)) return py::none();
+  c10::optional<at::Tensor> running[2], w, b;
+  bool running_grad = false;  // running statistics that require grad go to the Python path
+  PyObject* running_objs[2] = {rm_obj.ptr(), rv_obj.ptr()};
+  for (int i = 0; i < 2; ++i) {
+    if (!channel_tensor(running_objs[i], *x, true, &running_grad, &running[i]) || running_grad) return py::none();
+    if (running[i] && (!running[i]->is_contiguous() || (running[i]->scalar_type() != at::kFloat &&
+                                                         running[i]->scalar_type() != at::kDouble))) {
+      return py::none();
+    }
+  }
+  if (!channel_tensor(w_obj.ptr(), *x, grad_mode, &grad, &w) || !channel_tensor(b_obj.ptr(), *x, grad_mode, &grad, &b)) {
+    return py::none();
+  }
+  std::vector<at::Tensor> out;
+  py::object y = family_call(*x, w, b, 1, eps, FN_ACT_NONE, FN_BWD_BATCH, grad, &out);
+  if (!y.is_none()) {
+    update_running(running[0], out[1], momentum, 1.0);
+    update_running(running[1], out[2], momentum, double(count) / double(count - 1));
+  }
+  return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -264,6 +458,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return try_norm(x, shape, dim, w, py::none(), eps, true);
         },
         "fastnorm.rms_norm for a plain call, None when the call needs the full Python path");
+  m.def("try_group_norm",
+        [](py::handle x, py::handle groups, py::handle w, py::handle b, py::handle eps, py::handle activation) {
+          return try_group_norm(x, groups, w, b, eps, activation);
+        },
+        "fastnorm.group_norm for a plain CPU call with weight, bias or an activation, None when the call needs "
+        "the full Python path");
+  m.def("try_batch_norm", &try_batch_norm,
+        "fastnorm.batch_norm for a plain CPU call in training, None when the call needs the full Python path");
   m.def("norm_forward_autograd",
         [](const at::Tensor& x, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
            int64_t begin_dim, int64_t end_dim, double eps, bool rms) {

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fastnorm.ops.family_ops import accumulator_dtype, activation_code, call
-from fastnorm.ops.functional import layer_norm
+from fastnorm.ops.functional import fast_entry, layer_norm
 from fastnorm.ops.validate import check_channel_input, norm_dims
 
 
@@ -50,6 +50,11 @@ def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5, ac
     each group of C / num_groups channels and all spatial positions; weight and bias per channel.
     activation="silu" returns F.silu(group_norm(x, ...)) from the same kernel pass (applied in float32,
     float64 for float64 x, before the rounding to x's dtype); None (the default) is plain GroupNorm."""
+    ext = fast_entry(x)
+    if ext is not None and not x.is_cuda:  # CPU only until the CUDA build's entry has run on a GPU
+        y = ext.try_group_norm(x, num_groups, weight, bias, eps, activation)
+        if y is not None:
+            return y
     act = activation_code(activation)
     check_channel_input(x, "group_norm", weight=weight, bias=bias)
     if isinstance(num_groups, bool) or not isinstance(num_groups, numbers.Integral):
@@ -85,6 +90,13 @@ def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None
     and channel over the spatial positions. With use_input_stats, running_mean / running_var (when
     given) are updated in place by the mean over N of each instance's mean / unbiased variance;
     without, they are the statistics."""
+    if running_mean is None and running_var is None and use_input_stats and (weight is not None or bias is not None):
+        ext = fast_entry(x)
+        # group_norm's entry with a group a channel; more than one spatial element, as _check_values asks
+        if ext is not None and not x.is_cuda and x.dim() > 2 and x.shape[2:].numel() > 1:
+            y = ext.try_group_norm(x, x.shape[1], weight, bias, eps, None)
+            if y is not None:
+                return y
     check_channel_input(x, "instance_norm", weight=weight, bias=bias, running_mean=running_mean,
                         running_var=running_var)
     weight, bias = _kernel_dtype(weight, x), _kernel_dtype(bias, x)
@@ -107,6 +119,11 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training: b
     """BatchNorm of x (N, C, *spatial), as torch.nn.functional.batch_norm. Training: statistics per
     channel over N and the spatial positions, and running_mean / running_var (when given) updated in
     place with the batch mean / unbiased variance and `momentum`. Eval: the running statistics."""
+    ext = fast_entry(x)
+    if ext is not None and not x.is_cuda:
+        y = ext.try_batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        if y is not None:
+            return y
     check_channel_input(x, "batch_norm", weight=weight, bias=bias, running_mean=running_mean,
                         running_var=running_var)
     weight, bias = _kernel_dtype(weight, x), _kernel_dtype(bias, x)

@@ -288,6 +288,26 @@ def _batch_norm_eval_backward(ctx, dy):
     return _affine_norm_backward(ctx, dy, per_sample=False, batch_stats=False) + (None, None, None)
 
 
+class _FamilyCall:
+    """What _affine_norm_backward reads of an autograd ctx, for a call that the extension's CppFamilyFunction
+    recorded (kernels/module.cpp)."""
+
+    def __init__(self, x, weight, bias, mean, var, groups, eps, activation, needs):
+        self.groups, self.eps, self.activation = groups, eps, activation
+        self.bias_dtype = None if bias is None else bias.dtype
+        self.saved_tensors = (x, weight, mean, var, bias)
+        self.needs_input_grad = needs
+
+
+def family_backward_fallback(dy, x, weight, bias, mean, var, groups, eps, activation_code_, mode, needs):
+    """(dx, dweight, dbias) of a CppFamilyFunction whose backward does not take the kernels straight (a double
+    backward, a dispatch mode): the op's own backward, the torch-op formula where the kernels decline."""
+    activation = next(name for name, code in ACTIVATIONS.items() if code == activation_code_)
+    ctx = _FamilyCall(x, weight, bias, mean, var, groups, eps, activation, needs)
+    per_sample, batch_stats = next(key for key, value in _BWD_MODES.items() if value == mode)
+    return _affine_norm_backward(ctx, dy, per_sample, batch_stats)
+
+
 def _setup_p_normalize(ctx, inputs, output):
     x, ctx.p, ctx.begin_dim, ctx.end_dim, ctx.eps, ctx.mean = inputs
     ctx.save_for_backward(x)

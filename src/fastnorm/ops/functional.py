@@ -15,7 +15,7 @@ def _records_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _fast_entry(x):
+def fast_entry(x):
     """The loaded extension that can take a call on x's device straight from C++, or None. Only an
     extension that is already loaded: the first call of a process takes the Python path, which
     validates the arguments before anything is built."""
@@ -41,7 +41,7 @@ def layer_norm(x, normalized_shape=None, weight=None, bias=None, eps: float = 1e
         if direct_call_ok(x, residual, weight, bias):
             return residual_ops.add_layer_norm_kernel(*args)
         return torch.ops.fastnorm.add_layer_norm(*args)
-    ext = _fast_entry(x)
+    ext = fast_entry(x)
     if ext is not None:
         y = ext.try_layer_norm(x, normalized_shape, dim, weight, bias, eps)
         if y is not None:
@@ -74,7 +74,7 @@ def rms_norm(x, normalized_shape=None, weight=None, eps=None, *, dim=None, resid
         if direct_call_ok(x, residual, weight):
             return residual_ops.add_rms_norm_kernel(*args)
         return torch.ops.fastnorm.add_rms_norm(*args)
-    ext = _fast_entry(x)
+    ext = fast_entry(x)
     if ext is not None:
         y = ext.try_rms_norm(x, normalized_shape, dim, weight, eps)
         if y is not None:
