@@ -124,13 +124,19 @@ struct CppNormFunction : public torch::autograd::Function<CppNormFunction> {
 struct CppFamilyFunction : public torch::autograd::Function<CppFamilyFunction> {
   static constexpr int64_t kMinKernelPlane = 32;  // family_ops._MIN_KERNEL_PLANE
 
+  // (y, mean, var) of the call, from the forward kernels of its mode.
+  static std::vector<at::Tensor> kernels(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
+                                         const c10::optional<at::Tensor>& bias, int64_t groups, double eps,
+                                         int64_t activation, int64_t mode) {
+    return mode == FN_BWD_GROUPS ? group_norm_forward(x, weight, bias, groups, eps, activation)
+                                 : batch_norm_forward(x, weight, bias, c10::nullopt, c10::nullopt, eps);
+  }
+
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const c10::optional<at::Tensor>& weight,
                                                 const c10::optional<at::Tensor>& bias, int64_t groups, double eps,
                                                 int64_t activation, int64_t mode) {
-    std::vector<at::Tensor> out = mode == FN_BWD_GROUPS
-                                      ? group_norm_forward(x, weight, bias, groups, eps, activation)
-                                      : batch_norm_forward(x, weight, bias, c10::nullopt, c10::nullopt, eps);
+    std::vector<at::Tensor> out = kernels(x, weight, bias, groups, eps, activation, mode);
     ctx->saved_data["groups"] = groups;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["activation"] = activation;
@@ -333,8 +339,7 @@ py::object family_call(const at::Tensor& x, const c10::optional<at::Tensor>& w, 
     }
     *out = fastnorm::CppFamilyFunction::apply(x, w, b, groups, eps, activation, mode);
   } else {
-    *out = mode == FN_BWD_GROUPS ? group_norm_forward(x, w, b, groups, eps, activation)
-                                 : batch_norm_forward(x, w, b, c10::nullopt, c10::nullopt, eps);
+    *out = fastnorm::CppFamilyFunction::kernels(x, w, b, groups, eps, activation, mode);
   }
   return py::cast((*out)[0]);
 }
@@ -458,10 +463,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return try_norm(x, shape, dim, w, py::none(), eps, true);
         },
         "fastnorm.rms_norm for a plain call, None when the call needs the full Python path");
-  m.def("try_group_norm",
-        [](py::handle x, py::handle groups, py::handle w, py::handle b, py::handle eps, py::handle activation) {
-          return try_group_norm(x, groups, w, b, eps, activation);
-        },
+  m.def("try_group_norm", &try_group_norm,
         "fastnorm.group_norm for a plain CPU call with weight, bias or an activation, None when the call needs "
         "the full Python path");
   m.def("try_batch_norm", &try_batch_norm,
